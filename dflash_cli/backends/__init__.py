@@ -1,0 +1,1 @@
+"""Runtime sessions behind one small interface: ONNX Runtime (default) and QAIC."""

@@ -1,0 +1,33 @@
+"""The session interface every backend implements.
+
+A session owns one compiled graph in the retained-state convention: the caller feeds only the
+non-cache inputs (`input_ids`, `position_ids`, ...) and the session keeps `past_key.{i}` /
+`past_value.{i}` wired to the previous call's `*_RetainedState` outputs, never copying them
+to the caller.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+
+class Session(Protocol):
+    name: str  # "target" | "draft"
+    input_names: list[str]  # non-cache inputs
+    output_names: list[str]  # non-cache outputs
+
+    def reset(self) -> None:
+        """Zero the retained KV cache (start of a new sequence)."""
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One call; cache inputs come from the previous call's retained-state outputs."""
+
+
+def is_cache_input(name: str) -> bool:
+    return name.startswith("past_key.") or name.startswith("past_value.")
+
+
+def retained_name(cache_input: str) -> str:
+    return f"{cache_input}_RetainedState"

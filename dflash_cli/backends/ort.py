@@ -1,0 +1,99 @@
+"""ONNX Runtime session in the retained-state convention, KV cache kept in place via IO binding.
+
+Two cache buffer sets ping-pong: a call reads set A and writes set B, the next reads B and writes
+A. Both bindings are made once, so a decode step only binds the small per-call inputs and never
+copies the cache through Python.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from dflash_cli.backends.base import is_cache_input, retained_name
+from dflash_cli.errors import BackendError
+
+_OPT_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
+               "all": "ORT_ENABLE_ALL"}
+
+
+@dataclass(frozen=True)
+class OrtSettings:
+    intra_op_threads: int = 0  # 0 = ONNX Runtime's default (one per physical core)
+    graph_optimization: str = "all"
+    provider: str = "auto"  # auto | cpu | cuda
+
+
+def resolve_provider(requested: str) -> str:
+    import onnxruntime as ort
+
+    available = ort.get_available_providers()
+    if requested == "cuda" and "CUDAExecutionProvider" not in available:
+        raise BackendError(
+            "ONNX Runtime has no CUDA provider here",
+            hint="install onnxruntime-gpu on a CUDA machine, or use `--set compile.ort.provider=cpu`",
+        )
+    if requested in ("cuda", "auto") and "CUDAExecutionProvider" in available:
+        return "CUDAExecutionProvider"
+    return "CPUExecutionProvider"
+
+
+class OrtSession:
+    def __init__(self, onnx_path: Path, name: str, settings: OrtSettings = OrtSettings()) -> None:
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _OPT_LEVELS[settings.graph_optimization])
+        if settings.intra_op_threads:
+            opts.intra_op_num_threads = settings.intra_op_threads
+        opts.log_severity_level = 3
+        self.provider = resolve_provider(settings.provider)
+        self.name = name
+        self._sess = ort.InferenceSession(str(onnx_path), sess_options=opts, providers=[self.provider])
+        self._device = "cuda" if self.provider == "CUDAExecutionProvider" else "cpu"
+        inputs = self._sess.get_inputs()
+        self.cache_names = [i.name for i in inputs if is_cache_input(i.name)]
+        self.input_names = [i.name for i in inputs if not is_cache_input(i.name)]
+        self.output_names = [o.name for o in self._sess.get_outputs() if not o.name.endswith("_RetainedState")]
+        dtype = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+        self._cache_spec = {i.name: (tuple(i.shape), dtype[i.type]) for i in inputs if is_cache_input(i.name)}
+        self.ctx_len = next(iter(self._cache_spec.values()))[0][2] if self._cache_spec else 0
+        self._buffers = [self._alloc(), self._alloc()]
+        self._bindings = [self._bind(self._buffers[0], self._buffers[1]), self._bind(self._buffers[1], self._buffers[0])]
+        self._parity = 0
+
+    def _alloc(self) -> dict:
+        import onnxruntime as ort
+
+        return {n: ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, dt), self._device, 0)
+                for n, (shape, dt) in self._cache_spec.items()}
+
+    def _bind(self, src: dict, dst: dict):
+        b = self._sess.io_binding()
+        for n in self.cache_names:
+            b.bind_ortvalue_input(n, src[n])
+            b.bind_ortvalue_output(retained_name(n), dst[n])
+        for n in self.output_names:
+            b.bind_output(n, "cpu")
+        return b
+
+    def reset(self) -> None:
+        for buffers in self._buffers:
+            for n, (shape, dt) in self._cache_spec.items():
+                buffers[n].update_inplace(np.zeros(shape, dt))
+        self._parity = 0
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        b = self._bindings[self._parity]
+        for n, arr in feeds.items():
+            b.bind_cpu_input(n, arr)
+        for n in self.output_names:  # shapes follow seq_len: let ORT allocate them afresh
+            b.bind_output(n, "cpu")
+        self._sess.run_with_iobinding(b)
+        outs = b.get_outputs()
+        self._parity ^= 1
+        # get_outputs() lists outputs in binding order: cache outputs first, then ours.
+        first = len(self.cache_names)
+        return {n: outs[first + i].numpy() for i, n in enumerate(self.output_names)}

@@ -1,0 +1,169 @@
+"""The bench's JSON document (schema_version 1): the numbers CI reads, and the tables render.
+
+Field names follow what the field already uses (`mean_acceptance_length`, `acceptance_histogram`,
+`decode_speedup`). Times are seconds (`*_s`); rates are per second. A value that cannot be
+measured in a run (e.g. a speedup without the plain baseline) is null rather than absent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from dflash_cli.bench import metrics
+from dflash_cli.bench.datasets import dataset_name
+from dflash_cli.bench.environment import environment
+from dflash_cli.bench.runner import BASELINE_MODE, BenchResult
+from dflash_cli.decoding.result import GenerationResult
+
+SCHEMA_VERSION = 1
+SPECULATIVE_MODES = ("dflash", "pld")
+
+
+def build_document(result: BenchResult, *, env: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Every reported number of one bench run (one engine, one block size)."""
+    block = result.block_size
+    by_mode = {mode: result.results_for(mode) for mode in result.modes}
+    baseline = by_mode.get(BASELINE_MODE)
+    summaries = {
+        mode: mode_summary(results, block, baseline, speculative=mode in SPECULATIVE_MODES)
+        for mode, results in by_mode.items()
+    }
+    dflash = summaries.get("dflash")
+    repetition_source = BASELINE_MODE if BASELINE_MODE in summaries else result.modes[0]
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "environment": env if env is not None else environment(result.engine_info),
+        "settings": result.settings,
+        "dataset": {
+            "name": dataset_name(result.settings["dataset"]),
+            "spec": result.settings["dataset"],
+            "n_samples": len(result.sample_ids),
+            "n_turns": len(result.records),
+            "sample_ids": list(result.sample_ids),
+        },
+        "baseline": summaries.get(BASELINE_MODE),
+        "dflash": dflash,
+        "pld": summaries.get("pld"),
+        "decode_speedup": dflash["decode_speedup"] if dflash else None,
+        "decode_speedup_median": dflash["decode_speedup_median"] if dflash else None,
+        "mean_acceptance_length": dflash["mean_acceptance_length"] if dflash else None,
+        "acceptance_histogram": dflash["acceptance_histogram"] if dflash else None,
+        "per_position_acceptance": dflash["per_position_acceptance"] if dflash else None,
+        "repetition_rate": {
+            "median": summaries[repetition_source]["repetition_rate"],
+            **{mode: s["repetition_rate"] for mode, s in summaries.items()},
+        },
+        "decomposition": decomposition(result, by_mode) if "dflash" in by_mode else None,
+        "lossless": {
+            "checked": result.lossless_checked,
+            "mismatches": [asdict(m) for m in result.mismatches],
+        },
+    }
+
+
+def mode_summary(
+    results: list[GenerationResult],
+    block_size: int,
+    baseline: list[GenerationResult] | None,
+    *,
+    speculative: bool,
+) -> dict[str, Any]:
+    """One mode's numbers; speculative modes add acceptance statistics and their speedup over plain."""
+    ttft = metrics.ttft_stats(results)
+    summary: dict[str, Any] = {
+        "n_generations": len(results),
+        "new_tokens": sum(r.new_tokens for r in results),
+        "decode_tokens": metrics.total_decode_tokens(results),
+        "decode_s": metrics.total_decode_s(results),
+        "decode_tokens_per_s": metrics.decode_tokens_per_s(results),
+        "tpot_s": metrics.time_per_output_token(results),
+        "ttft_s": ttft["median"],
+        "ttft_mean_s": ttft["mean"],
+        "end_to_end_tokens_per_s": metrics.end_to_end_tokens_per_s(results),
+        "steps": sum(metrics.decode_steps(r) for r in results),
+        "steps_per_s": metrics.steps_per_s(results),
+        "loop_overhead_fraction": metrics.loop_overhead_fraction(results),
+        "repetition_rate": metrics.median_repetition_rate(results),
+        "mean_acceptance_length": metrics.mean_acceptance_length(results),
+    }
+    if speculative:
+        paired = baseline is not None and len(baseline) == len(results)
+        summary.update(
+            acceptance_histogram=metrics.acceptance_histogram(results, block_size),
+            per_position_acceptance=metrics.per_position_acceptance(results, block_size),
+            decode_speedup=metrics.decode_speedup(baseline, results) if paired else None,
+            decode_speedup_median=metrics.median_pairwise_speedup(baseline, results) if paired else None,
+        )
+    return summary
+
+
+def decomposition(result: BenchResult, by_mode: dict[str, list[GenerationResult]]) -> dict[str, Any]:
+    """Measured DFlash speedup beside its ceiling from step times, bandwidth and loop overhead."""
+    dflash = by_mode["dflash"]
+    baseline = by_mode.get(BASELINE_MODE)
+    weights = result.engine_info.get("weight_bytes", {})
+    target_bytes, draft_bytes = int(weights.get("target", 0)), int(weights.get("draft", 0))
+    times = result.step_times or {}
+    t1, t_verify, t_draft = times.get("t1"), times.get("t_verify"), times.get("t_draft")
+    tau = metrics.mean_acceptance_length(dflash)
+    ceiling = metrics.ceiling_speedup(tau, t1, t_verify, t_draft) if None not in (t1, t_verify, t_draft) else None
+    bandwidth: dict[str, float] = {"dflash": metrics.weight_bandwidth_gb_s(dflash, target_bytes + draft_bytes)}
+    if baseline is not None:
+        bandwidth[BASELINE_MODE] = metrics.weight_bandwidth_gb_s(baseline, target_bytes)
+    if "pld" in by_mode:
+        bandwidth["pld"] = metrics.weight_bandwidth_gb_s(by_mode["pld"], target_bytes)
+    return {
+        "block_size": result.block_size,
+        "t1_s": t1,
+        "t_verify_s": t_verify,
+        "t_draft_s": t_draft,
+        "mean_acceptance_length": tau,
+        "ceiling_speedup": ceiling,
+        "measured_speedup": metrics.decode_speedup(baseline, dflash) if baseline is not None else None,
+        "weight_bandwidth_gb_s": bandwidth,
+        "weight_bytes": {"target": target_bytes, "draft": draft_bytes},
+        "loop_overhead_fraction": metrics.loop_overhead_fraction(dflash),
+    }
+
+
+def fastest_run(docs: dict[int, dict[str, Any]]) -> int:
+    """Block size whose DFlash decodes fastest (absolute tokens/s: each run's baseline has its own noise)."""
+
+    def speed(doc: dict[str, Any]) -> float:
+        mode = doc.get("dflash") or doc.get("baseline") or {}
+        return mode.get("decode_tokens_per_s", 0.0)
+
+    return max(docs, key=lambda b: speed(docs[b]))
+
+
+def build_sweep_document(docs: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """The fastest block size's document, plus `sweep` rows for every size and all mismatches."""
+    best = fastest_run(docs)
+    doc = dict(docs[best])
+    doc["lossless"] = {
+        "checked": any(d["lossless"]["checked"] for d in docs.values()),
+        "mismatches": [{"block_size": b, **m} for b, d in docs.items() for m in d["lossless"]["mismatches"]],
+    }
+    doc["sweep"] = {
+        "fastest_block_size": best,
+        "criterion": "dflash.decode_tokens_per_s",
+        "runs": [_sweep_row(b, d) for b, d in sorted(docs.items())],
+    }
+    return doc
+
+
+def _sweep_row(block_size: int, doc: dict[str, Any]) -> dict[str, Any]:
+    dflash = doc.get("dflash") or {}
+    decomposition_ = doc.get("decomposition") or {}
+    return {
+        "block_size": block_size,
+        "decode_tokens_per_s": dflash.get("decode_tokens_per_s"),
+        "tpot_s": dflash.get("tpot_s"),
+        "baseline_decode_tokens_per_s": (doc.get("baseline") or {}).get("decode_tokens_per_s"),
+        "decode_speedup": doc.get("decode_speedup"),
+        "mean_acceptance_length": doc.get("mean_acceptance_length"),
+        "ceiling_speedup": decomposition_.get("ceiling_speedup"),
+        "t_verify_s": decomposition_.get("t_verify_s"),
+        "lossless_mismatches": len(doc["lossless"]["mismatches"]),
+    }

@@ -1,0 +1,134 @@
+"""`dflash build`: run every stage that is not cached. Also the shared runner for single-stage commands."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from dflash_cli.cli.common import (
+    CacheDirOpt,
+    ForceOpt,
+    JsonOpt,
+    RebuildOpt,
+    RecipeOpt,
+    SetOpt,
+    err_console,
+    examples,
+    handle_errors,
+    human_size,
+    make_table,
+    print_json,
+    print_table,
+    short_key,
+    show_settings,
+    stdout_to_stderr,
+)
+from dflash_cli.recipe import DEFAULT_RECIPE
+
+UptoOpt = Annotated[str | None, typer.Option("--upto", metavar="STAGE", help="Stop after this stage.")]
+
+
+def register(app: typer.Typer) -> None:
+    app.command(
+        "build",
+        epilog=examples("dflash build --recipe demo", "dflash build -r qwen3-8b --set export.ctx_len=2048"),
+    )(build_command)
+
+
+@handle_errors
+def build_command(
+    recipe: RecipeOpt = DEFAULT_RECIPE,
+    set_: SetOpt = None,
+    cache_dir: CacheDirOpt = None,
+    force: ForceOpt = False,
+    rebuild: RebuildOpt = None,
+    upto: UptoOpt = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Build every stage of a recipe (convert -> inject -> export -> compile), reusing cached artifacts."""
+    execute_build(recipe, set_ or [], cache_dir, force=force, rebuild=set(rebuild or []), upto=upto, as_json=json_)
+
+
+def execute_build(
+    recipe_ref: str,
+    overrides: list[str],
+    cache_dir: Path | None,
+    *,
+    force: bool,
+    rebuild: set[str],
+    upto: str | None,
+    as_json: bool,
+) -> None:
+    """Load the recipe, show the settings, build with progress, print the result (table or JSON)."""
+    # Imported here so `dflash --help` never loads the stage graph.
+    from dflash_cli.cache import Cache
+    from dflash_cli.pipeline import build
+    from dflash_cli.recipe import load_recipe
+
+    recipe = load_recipe(recipe_ref, overrides)
+    cache = Cache(cache_dir)
+    show_settings(
+        f"dflash build: {recipe.name}",
+        [
+            ("recipe", recipe.source or recipe.name),
+            ("family", recipe.family),
+            ("target", recipe.target.path),
+            ("draft", recipe.draft.path),
+            ("block_size", recipe.dflash.block_size or "from draft config"),
+            ("ctx_len / prefill", f"{recipe.export.ctx_len} / {recipe.export.prefill_seq_len}"),
+            ("backend", recipe.compile.backend),
+            ("upto", upto or "all stages"),
+            ("cache", cache.root),
+        ],
+    )
+    guard = stdout_to_stderr() if as_json else contextlib.nullcontext()
+    with guard, build_progress() as on_event:
+        result = build(recipe, cache, upto=upto, force=force, rebuild=rebuild, progress=on_event)
+    if as_json:
+        print_json(result.to_dict())
+        return
+    table = make_table("stage", "status", "seconds", "size", "key", title=f"recipe {recipe.name}")
+    for stage in result.stages:
+        table.add_row(stage.name, stage.status, f"{stage.seconds:.2f}", human_size(stage.size), short_key(stage.key))
+    print_table(table)
+    if result.stages:
+        last = result.stages[-1]
+        err_console().print(f"{last.name} artifact: {last.path}", markup=False, highlight=False)
+
+
+@contextlib.contextmanager
+def build_progress() -> Iterator[Callable[[Any], None]]:
+    """A BuildEvent callback: a rich spinner on a terminal, plain `stage: message` lines otherwise."""
+    console = err_console()
+    if not console.is_terminal:
+
+        def plain(event: Any) -> None:
+            if event.kind in ("message", "wait", "done"):
+                console.print(f"{event.stage}: {event.message}", markup=False, highlight=False)
+
+        yield plain
+        return
+
+    from rich.markup import escape
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console, transient=True
+    ) as progress:
+        tasks: dict[str, Any] = {}
+
+        def rich_event(event: Any) -> None:
+            label = escape(f"[{event.index + 1}/{event.total}] {event.stage}")
+            if event.kind == "start":
+                tasks[event.stage] = progress.add_task(label, total=None)
+            elif event.kind in ("message", "wait"):
+                progress.update(tasks[event.stage], description=f"{label}: {escape(event.message)}")
+            elif event.kind == "done":
+                progress.remove_task(tasks.pop(event.stage))
+                console.print(f"{label}: {event.message}", markup=False, highlight=False)
+
+        yield rich_event

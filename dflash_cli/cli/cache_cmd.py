@@ -1,0 +1,123 @@
+"""`dflash cache ls | verify | clean`: inspect and maintain the artifact cache."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from dflash_cli.cache import Cache, parse_age
+from dflash_cli.cli.common import (
+    CacheDirOpt,
+    JsonOpt,
+    err_console,
+    examples,
+    handle_errors,
+    human_age,
+    human_size,
+    make_table,
+    print_json,
+    print_table,
+    short_key,
+)
+from dflash_cli.errors import CacheError
+
+cache_app = typer.Typer(help="Inspect and clean the artifact cache.", no_args_is_help=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(cache_app, name="cache")
+
+
+@cache_app.command("ls", epilog=examples("dflash cache ls", "dflash cache ls --cache-dir /data/dflash --json"))
+@handle_errors
+def ls_command(cache_dir: CacheDirOpt = None, json_: JsonOpt = False) -> None:
+    """List cached artifacts: recipe, stage, key, size, age (newest first)."""
+    cache = Cache(cache_dir)
+    entries = cache.entries()
+    if json_:
+        print_json(
+            {
+                "root": str(cache.root),
+                "artifacts": [
+                    {
+                        "recipe": e.recipe,
+                        "stage": e.stage,
+                        "key": e.key,
+                        "size": e.size,
+                        "age_s": round(e.age_s, 1),
+                        "path": str(e.path),
+                        "problem": e.problem,
+                    }
+                    for e in entries
+                ],
+            }
+        )
+        return
+    table = make_table("recipe", "stage", "key", "size", "age", "state", title=f"cache {cache.root}")
+    for e in entries:
+        table.add_row(e.recipe, e.stage, short_key(e.key), human_size(e.size), human_age(e.age_s), e.problem or "ok")
+    print_table(table)
+
+
+@cache_app.command("verify", epilog=examples("dflash cache verify", "dflash cache verify --json"))
+@handle_errors
+def verify_command(cache_dir: CacheDirOpt = None, json_: JsonOpt = False) -> None:
+    """Re-hash every cached file; exit non-zero if any artifact is missing files or was modified."""
+    cache = Cache(cache_dir)
+    reports = cache.verify()
+    bad = [r for r in reports if not r.ok]
+    if json_:
+        print_json(
+            {
+                "root": str(cache.root),
+                "checked": len(reports),
+                "corrupt": [
+                    {"recipe": r.entry.recipe, "stage": r.entry.stage, "key": r.entry.key, "problems": r.problems}
+                    for r in bad
+                ],
+            }
+        )
+    else:
+        table = make_table("recipe", "stage", "key", "result")
+        for r in reports:
+            table.add_row(r.entry.recipe, r.entry.stage, short_key(r.entry.key), "; ".join(r.problems) or "ok")
+        print_table(table)
+    if bad:
+        raise CacheError(
+            f"{len(bad)} of {len(reports)} cached artifacts failed verification",
+            hint="rebuild with `dflash build --force`, or remove them with `dflash cache clean`",
+        )
+
+
+@cache_app.command("clean", epilog=examples("dflash cache clean --older-than 7d", "dflash cache clean --dry-run"))
+@handle_errors
+def clean_command(
+    older_than: Annotated[
+        str | None, typer.Option("--older-than", metavar="AGE", help="Only artifacts older than AGE (30m, 12h, 7d).")
+    ] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what would be removed; remove nothing.")] = False,
+    cache_dir: CacheDirOpt = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Remove cached artifacts (all, or older than --older-than) and leftovers of interrupted builds."""
+    cache = Cache(cache_dir)
+    report = cache.clean(parse_age(older_than) if older_than else None, dry_run=dry_run)
+    if json_:
+        print_json(
+            {
+                "root": str(cache.root),
+                "dry_run": dry_run,
+                "removed": [{"recipe": e.recipe, "stage": e.stage, "key": e.key} for e in report.removed],
+                "bytes_freed": report.bytes_freed,
+                "tmp_removed": report.tmp_removed,
+            }
+        )
+        return
+    verb = "would remove" if dry_run else "removed"
+    err_console().print(
+        f"{verb} {len(report.removed)} artifact(s), {human_size(report.bytes_freed)}"
+        + (f", {report.tmp_removed} stale temp dir(s)" if report.tmp_removed else ""),
+        markup=False,
+        highlight=False,
+    )

@@ -1,0 +1,97 @@
+"""`dflash run --prompt TEXT`: generate with the built pair, streaming text as tokens are committed."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from dflash_cli.cli.common import CacheDirOpt, JsonOpt, RecipeOpt, SetOpt, err_console, examples, handle_errors, print_json
+from dflash_cli.recipe import DEFAULT_RECIPE
+
+
+def register(app: typer.Typer) -> None:
+    app.command(
+        "run",
+        epilog=examples(
+            'dflash run --prompt "def fibonacci(n):"',
+            'dflash run -r demo --prompt "import os" --max-new-tokens 64 --json',
+            'dflash run --prompt "class Stack:" --no-draft   # plain decoding of the same target',
+            'dflash run -r demo --set export.logits=true --prompt "def f(x):" --temperature 0.8 --seed 1',
+        ),
+    )(run_command)
+
+
+@handle_errors
+def run_command(
+    prompt: Annotated[str, typer.Option("--prompt", "-p", help="Text to continue (the chat template applies when the recipe enables it).")],
+    recipe: RecipeOpt = DEFAULT_RECIPE,
+    set_: SetOpt = None,
+    cache_dir: CacheDirOpt = None,
+    max_new_tokens: Annotated[int | None, typer.Option("--max-new-tokens", help="Default: run.max_new_tokens.")] = None,
+    temperature: Annotated[float | None, typer.Option("--temperature", help="0 = greedy. Default: run.temperature.")] = None,
+    top_k: Annotated[int | None, typer.Option("--top-k", help="Default: run.top_k (0 = off).")] = None,
+    top_p: Annotated[float | None, typer.Option("--top-p", help="Default: run.top_p (1 = off).")] = None,
+    seed: Annotated[int | None, typer.Option("--seed", help="Sampling seed. Default: run.seed.")] = None,
+    no_draft: Annotated[bool, typer.Option("--no-draft", help="Plain decoding of the same compiled target.")] = False,
+    json_: JsonOpt = False,
+) -> None:
+    """Generate from a prompt with DFlash (or plain decoding with --no-draft). Needs `dflash build` first."""
+    from dflash_cli.cache import Cache
+    from dflash_cli.decoding.engine import Engine
+    from dflash_cli.recipe import load_recipe
+
+    r = load_recipe(recipe, set_ or [])
+    run = r.run
+    engine = Engine.load(r, Cache(cache_dir))
+    ids = engine.encode_prompt(prompt)
+    streamer = _Streamer(engine) if not json_ else None
+    result = engine.generate(
+        ids, mode="plain" if no_draft else "dflash",
+        max_new_tokens=run.max_new_tokens if max_new_tokens is None else max_new_tokens,
+        temperature=run.temperature if temperature is None else temperature,
+        top_k=run.top_k if top_k is None else top_k, top_p=run.top_p if top_p is None else top_p,
+        seed=run.seed if seed is None else seed, on_commit=streamer.push if streamer else None,
+    )
+    text = _apply_stop_strings(engine.decode(result.tokens), list(run.stop))
+    if json_:
+        print_json({
+            "recipe": r.name, "mode": result.mode, "prompt_tokens": result.prompt_tokens, "text": text,
+            "token_ids": result.tokens, "acceptance_lengths": result.accept_lengths, "tau": result.tau,
+            "new_tokens": result.new_tokens, "ttft_s": result.prefill_s, "decode_s": result.decode_s,
+            "decode_tokens_per_s": result.decode_tokens_per_s, "stopped": result.stopped,
+        })
+        return
+    streamer.finish()
+    err_console().print(
+        f"{result.new_tokens} new tokens · tau {result.tau:.2f} · {result.decode_tokens_per_s:.1f} tok/s decode · "
+        f"TTFT {result.prefill_s * 1000:.0f} ms · {result.mode} · stopped: {result.stopped}",
+        markup=False, highlight=False,
+    )
+
+
+class _Streamer:
+    """Prints the text of committed tokens as they arrive (decoding the whole so far keeps UTF-8 intact)."""
+
+    def __init__(self, engine) -> None:
+        self.engine, self.tokens, self.printed = engine, [], 0
+
+    def push(self, new: list[int]) -> None:
+        self.tokens.extend(new)
+        text = self.engine.decode(self.tokens)
+        if text.endswith("\ufffd"):  # an incomplete multi-byte character: wait for the rest
+            return
+        sys.stdout.write(text[self.printed :])
+        sys.stdout.flush()
+        self.printed = len(text)
+
+    def finish(self) -> None:
+        text = self.engine.decode(self.tokens)
+        sys.stdout.write(text[self.printed :] + "\n")
+        sys.stdout.flush()
+
+
+def _apply_stop_strings(text: str, stops: list[str]) -> str:
+    cut = min((text.find(s) for s in stops if s and s in text), default=-1)
+    return text if cut < 0 else text[:cut]

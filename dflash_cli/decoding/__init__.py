@@ -1,0 +1,1 @@
+"""Decoding loops: plain greedy/sampled baseline and the DFlash speculative loop."""

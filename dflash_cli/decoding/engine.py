@@ -1,0 +1,199 @@
+"""The built pair, ready to generate: tokenizer, target and draft sessions, and the decoding loops.
+
+`Engine.load` opens the artifacts of an already-built recipe; `build_engine` builds what is
+missing first. Both the CLI (`dflash run`, `dflash bench`) and other programs use this API.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dflash_cli.decoding.loops import DFlashProposer, LookupProposer, LoopConfig, generate_plain, generate_speculative
+from dflash_cli.decoding.result import GenerationResult
+from dflash_cli.decoding.sampling import SamplingConfig
+from dflash_cli.decoding.target_calls import TimedSession, padded
+from dflash_cli.errors import BackendError, GenerationError
+
+MODES = ("plain", "dflash", "pld")
+
+
+@dataclass(frozen=True)
+class Artifacts:
+    inject: Path
+    export: Path
+    compile: Path
+    keys: dict[str, str]
+
+
+class Engine:
+    def __init__(self, recipe: Any, artifacts: Artifacts) -> None:
+        from transformers import AutoTokenizer
+
+        self.recipe = recipe
+        self.recipe_name = recipe.name
+        self.artifact_keys = dict(artifacts.keys)
+        info = json.loads((artifacts.export / "export.json").read_text())
+        pair = json.loads((artifacts.inject / "pair.json").read_text())
+        self.block_size: int = info["block_size"]
+        self.ctx_len: int = info["ctx_len"]
+        self.prefill_len: int = info["prefill_seq_len"]
+        self.emits_logits: bool = info.get("logits", False)
+        self.mask_token_id: int = pair["mask_token_id"]
+        self.eos_token_ids: list[int] = list(pair.get("eos_token_ids") or [])
+        self.tokenizer = AutoTokenizer.from_pretrained(str(artifacts.inject / "target"))
+        if self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in self.eos_token_ids:
+            self.eos_token_ids.append(self.tokenizer.eos_token_id)
+        backend = recipe.compile.backend
+        self.target, self.draft = (_open(backend, artifacts.compile, g, recipe) for g in ("target", "draft"))
+        self.provider = getattr(self.target, "provider", backend)
+        self.weight_bytes = {g: _weight_bytes(artifacts.compile, info["graphs"][g]["onnx"]) for g in ("target", "draft")}
+
+    @classmethod
+    def load(cls, recipe: Any, cache: Any) -> Engine:
+        from dflash_cli.pipeline import artifact_path
+
+        paths = {s: artifact_path(recipe, cache, s) for s in ("inject", "export", "compile")}
+        keys = {s: p.name for s, p in paths.items()}
+        return cls(recipe, Artifacts(paths["inject"], paths["export"], paths["compile"], keys))
+
+    # --- text ---------------------------------------------------------------------------------
+    def encode_prompt(self, prompt: str | list[dict]) -> list[int]:
+        run = self.recipe.run
+        if isinstance(prompt, str) and not prompt.strip():
+            raise GenerationError("the prompt is empty", hint='pass some text: --prompt "def fibonacci(n):"')
+        if run.chat_template and getattr(self.tokenizer, "chat_template", None):
+            messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+            kwargs = {"enable_thinking": run.enable_thinking} if self.recipe.family == "qwen3" else {}
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
+            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        if not isinstance(prompt, str):
+            prompt = "\n\n".join(m["content"] for m in prompt)
+        return list(self.tokenizer(prompt)["input_ids"])
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    # --- generation ---------------------------------------------------------------------------
+    def check_request(self, prompt_ids: list[int], max_new_tokens: int, temperature: float) -> None:
+        if not prompt_ids:
+            raise GenerationError("the prompt is empty", hint='pass some text: --prompt "def fibonacci(n):"')
+        # One slot is the padding sink and a verify block may run B-1 positions past the last token.
+        room = self.ctx_len - 1 - self.block_size
+        if len(prompt_ids) + max_new_tokens > room:
+            raise GenerationError(
+                f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
+                f"{room} positions this build allows (ctx_len {self.ctx_len})",
+                hint=f"shorten the prompt, lower --max-new-tokens, or rebuild with --set export.ctx_len="
+                f"{_round_up(len(prompt_ids) + max_new_tokens + self.block_size + 1, 256)}",
+            )
+        if temperature > 0 and not self.emits_logits:
+            raise GenerationError(
+                "sampling (temperature > 0) needs logits, but this build emits token ids only",
+                hint="rebuild with `--set export.logits=true`, or use --temperature 0",
+            )
+
+    def generate(self, prompt_ids: list[int], *, mode: str = "dflash", max_new_tokens: int = 128,
+                 temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+                 on_commit=None) -> GenerationResult:
+        if mode not in MODES:
+            raise GenerationError(f"unknown mode {mode!r}", hint=f"one of {', '.join(MODES)}")
+        self.check_request(prompt_ids, max_new_tokens, temperature)
+        cfg = LoopConfig(max_new_tokens, frozenset(self.eos_token_ids), SamplingConfig(temperature, top_k, top_p, seed))
+        self.target.reset()
+        target = TimedSession(self.target)
+        if mode == "plain":
+            return generate_plain(target, prompt_ids, self.prefill_len, cfg, on_commit)
+        if mode == "dflash":
+            self.draft.reset()
+            proposer = DFlashProposer(TimedSession(self.draft), self.block_size, self.mask_token_id, self.prefill_len)
+        else:
+            from dflash_cli.decoding.prompt_lookup import PromptLookupDrafter
+
+            proposer = LookupProposer(PromptLookupDrafter(self.block_size))
+        return generate_speculative(target, proposer, prompt_ids, self.prefill_len, self.block_size, cfg, on_commit)
+
+    def step_times(self, repeats: int = 20) -> dict[str, float]:
+        """Median seconds of one plain step, one verify call and one draft call (warm sessions)."""
+        B = self.block_size
+        H = self.draft_hidden_size
+        self.target.reset()
+        self.draft.reset()
+        start = 64
+
+        def timed(fn) -> float:
+            fn()
+            samples = []
+            for _ in range(repeats):
+                t = time.perf_counter()
+                fn()
+                samples.append(time.perf_counter() - t)
+            return statistics.median(samples)
+
+        one = dict(zip(("input_ids", "position_ids"), padded([1], start, 1)))
+        block = dict(zip(("input_ids", "position_ids"), padded([1] * B, start, B)))
+        _, cpos = padded([0] * B, start - B, B)
+        draft_feeds = {**block, "context_features": np.zeros((1, B, H), np.float32), "context_position_ids": cpos}
+        return {"t1": timed(lambda: self.target.run(one)), "t_verify": timed(lambda: self.target.run(block)),
+                "t_draft": timed(lambda: self.draft.run(draft_feeds))}
+
+    def verify_cost_curve(self, sizes: tuple[int, ...] = (1, 2, 4, 8, 16), repeats: int = 20) -> dict[int, float]:
+        """Median target-call seconds for each number of tokens (how verify cost grows with the block)."""
+        out = {}
+        for n in sizes:
+            feeds = dict(zip(("input_ids", "position_ids"), padded([1] * n, 64, n)))
+            self.target.run(feeds)
+            samples = []
+            for _ in range(repeats):
+                t = time.perf_counter()
+                self.target.run(feeds)
+                samples.append(time.perf_counter() - t)
+            out[n] = statistics.median(samples)
+        return out
+
+    @property
+    def draft_hidden_size(self) -> int:
+        return int(self.draft.hidden_size)
+
+
+def _open(backend: str, compile_dir: Path, graph: str, recipe: Any):
+    info = json.loads((compile_dir / "export.json").read_text())
+    if backend == "qaic":
+        from dflash_cli.qaic.runtime import open_qaic_session
+
+        return open_qaic_session(compile_dir, graph, recipe.compile.qaic.devices[0])
+    if backend != "ort":
+        raise BackendError(f"unknown backend {backend!r}", hint="compile.backend is ort or qaic")
+    from dflash_cli.backends.ort import OrtSession, OrtSettings
+
+    o = recipe.compile.ort
+    sess = OrtSession(compile_dir / info["graphs"][graph]["onnx"], graph,
+                      OrtSettings(o.intra_op_threads, o.graph_optimization, o.provider))
+    if graph == "draft":
+        sess.hidden_size = sess._sess.get_inputs()[2].shape[-1]
+    return sess
+
+
+def _weight_bytes(compile_dir: Path, onnx_name: str) -> int:
+    total = 0
+    for f in compile_dir.glob(onnx_name + "*"):
+        total += f.stat().st_size
+    return total
+
+
+def _round_up(n: int, m: int) -> int:
+    return (n + m - 1) // m * m
+
+
+def build_engine(recipe: Any, cache: Any, progress=None) -> Engine:
+    """Build every missing stage of `recipe`, then load the engine."""
+    from dflash_cli.pipeline import build
+
+    build(recipe, cache, progress=progress) if progress else build(recipe, cache)
+    return Engine.load(recipe, cache)

@@ -1,0 +1,165 @@
+"""The plain baseline loop and the speculative loop (DFlash draft or prompt lookup), REFERENCE 1.
+
+Per speculative step: draft a block [last, MASK...] at positions p..p+B-1, verify it with one
+target call, accept the longest matching prefix plus the target's own token, and hand the
+committed positions' context features to the draft. Rollback is implicit: both caches mask by
+position, so the next block simply overwrites the rejected slots.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dflash_cli.decoding.result import GenerationResult
+from dflash_cli.decoding.sampling import Sampler, SamplingConfig
+from dflash_cli.decoding.target_calls import TimedSession, padded, prefill
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    max_new_tokens: int
+    stop_ids: frozenset[int] = field(default_factory=frozenset)
+    sampling: SamplingConfig = SamplingConfig()
+
+
+class _Output:
+    """Committed tokens with stop/length handling; `done` once either triggers."""
+
+    def __init__(self, cfg: LoopConfig, on_commit: Callable[[list[int]], None] | None) -> None:
+        self.cfg, self.tokens, self.stopped, self._on_commit = cfg, [], "", on_commit
+
+    def commit(self, new: list[int]) -> None:
+        taken = []
+        for t in new:
+            if len(self.tokens) >= self.cfg.max_new_tokens:
+                self.stopped = "length"
+                break
+            self.tokens.append(t)
+            taken.append(t)
+            if t in self.cfg.stop_ids:
+                self.stopped = "stop_token"
+                break
+        if len(self.tokens) >= self.cfg.max_new_tokens and not self.stopped:
+            self.stopped = "length"
+        if taken and self._on_commit:
+            self._on_commit(taken)
+
+    @property
+    def done(self) -> bool:
+        return bool(self.stopped)
+
+
+def generate_plain(target: TimedSession, prompt: list[int], prefill_len: int, cfg: LoopConfig,
+                   on_commit=None) -> GenerationResult:
+    sampler = Sampler(cfg.sampling)
+    out = _Output(cfg, on_commit)
+    t0 = time.perf_counter()
+    res = prefill(target, prompt, prefill_len)
+    out.commit([sampler.pick(res.get("logits", [None])[-1], res["tokens"][-1])])
+    t1 = time.perf_counter()
+    target.reset_counters()
+    pos = len(prompt)
+    while not out.done:
+        ids, p = padded([out.tokens[-1]], pos, 1)
+        step = target.run({"input_ids": ids, "position_ids": p})
+        out.commit([sampler.pick(step.get("logits", [[None]])[0][0], step["tokens"][0, 0])])
+        pos += 1
+    t2 = time.perf_counter()
+    return GenerationResult(
+        mode="plain", prompt_tokens=len(prompt), tokens=out.tokens, accept_lengths=[1] * max(0, len(out.tokens) - 1),
+        block_size=1, prefill_s=t1 - t0, decode_s=t2 - t1, target_calls=target.calls, target_s=target.seconds,
+        stopped=out.stopped,
+    )
+
+
+class DFlashProposer:
+    """Draft-model proposals: feeds committed context features, returns B-1 draft tokens."""
+
+    mode = "dflash"
+
+    def __init__(self, draft: TimedSession, block_size: int, mask_id: int, prefill_len: int) -> None:
+        self.draft, self.block, self.mask_id, self.prefill_len = draft, block_size, mask_id, prefill_len
+
+    def start(self, prompt_features: np.ndarray) -> None:
+        self._pending = [(prompt_features, 0)]  # context not yet in the draft cache: (features, first position)
+
+    def observe(self, features: np.ndarray, first_pos: int) -> None:
+        self._pending = [(features, first_pos)]
+
+    def propose(self, history: list[int], last: int, pos: int) -> list[int]:
+        block = [last] + [self.mask_id] * (self.block - 1)
+        ids, bpos = padded(block, pos, self.block)
+        result = None
+        for feats, first in self._pending:
+            # After prefill the context comes in prefill-sized chunks; after a verify it fits one block.
+            chunk = self.prefill_len if len(feats) > self.block else self.block
+            for s in range(0, len(feats), chunk):
+                part = feats[s : s + chunk]
+                ctx = np.zeros((1, chunk, part.shape[-1]), dtype=part.dtype)
+                ctx[0, : len(part)] = part
+                _, cpos = padded([0] * len(part), first + s, chunk)
+                result = self.draft.run({"input_ids": ids, "position_ids": bpos, "context_features": ctx,
+                                         "context_position_ids": cpos})
+        self._pending = []
+        return [int(t) for t in result["draft_tokens"][0]]
+
+
+class LookupProposer:
+    """Prompt-lookup proposals through the same verify path (no model)."""
+
+    mode = "pld"
+
+    def __init__(self, drafter) -> None:
+        self.drafter = drafter
+
+    def start(self, prompt_features) -> None:
+        pass
+
+    def observe(self, features, first_pos) -> None:
+        pass
+
+    def propose(self, history: list[int], last: int, pos: int) -> list[int]:
+        return list(self.drafter.propose(history))
+
+
+def generate_speculative(target: TimedSession, proposer, prompt: list[int], prefill_len: int, block: int,
+                         cfg: LoopConfig, on_commit=None) -> GenerationResult:
+    sampler = Sampler(cfg.sampling)
+    out = _Output(cfg, on_commit)
+    draft_timer = getattr(proposer, "draft", None)
+    t0 = time.perf_counter()
+    res = prefill(target, prompt, prefill_len)
+    out.commit([sampler.pick(res.get("logits", [None])[-1], res["tokens"][-1])])
+    t1 = time.perf_counter()
+    target.reset_counters()
+    if draft_timer:
+        draft_timer.reset_counters()
+    proposer.start(res["context_features"])
+    pos, accepts = len(prompt), []
+    while not out.done:
+        last = out.tokens[-1]
+        proposal = proposer.propose(prompt + out.tokens, last, pos)
+        ids, bpos = padded([last, *proposal], pos, block)
+        ver = target.run({"input_ids": ids, "position_ids": bpos})
+        logits = ver.get("logits")
+        committed = []
+        for i in range(block):
+            y = sampler.pick(None if logits is None else logits[0, i], ver["tokens"][0, i])
+            committed.append(y)
+            if i == block - 1 or proposal[i] != y:
+                break
+        accepts.append(len(committed))
+        proposer.observe(ver["context_features"][0, : len(committed)], pos)
+        out.commit(committed)
+        pos += len(committed)
+    t2 = time.perf_counter()
+    return GenerationResult(
+        mode=proposer.mode, prompt_tokens=len(prompt), tokens=out.tokens, accept_lengths=accepts, block_size=block,
+        prefill_s=t1 - t0, decode_s=t2 - t1, target_calls=target.calls, target_s=target.seconds,
+        draft_calls=draft_timer.calls if draft_timer else 0, draft_s=draft_timer.seconds if draft_timer else 0.0,
+        stopped=out.stopped,
+    )

@@ -1,0 +1,1 @@
+"""Export-ready target and draft modules (static KV cache, context-feature taps)."""

@@ -1,0 +1,141 @@
+"""The DFlash draft (z-lab checkpoint layout), shared by training, the PyTorch reference and export.
+
+Parameter names are the z-lab keys (`layers.N.self_attn.q_proj.weight`, `fc.weight`,
+`hidden_norm.weight`, `norm.weight`) plus the injected `embed_tokens.weight` / `lm_head.weight`.
+Queries come only from the block; keys/values are [context ; block], the context projected by each
+layer's own k_proj/v_proj (then k_norm) at the context tokens' positions; no causal mask.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from dflash_cli.modeling.layers import RMSNorm, Rotary, SwiGLU, apply_rope, grouped_attention, write_cache
+
+
+class DraftAttention(nn.Module):
+    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.q_proj = nn.Linear(hidden, heads * head_dim, bias=False)
+        self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=False)
+        self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=False)
+        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=False)
+        self.q_norm = RMSNorm(head_dim, eps)
+        self.k_norm = RMSNorm(head_dim, eps)
+
+    def _kv(self, x, cos, sin):
+        b, s, _ = x.shape
+        k = self.k_norm(self.k_proj(x).view(b, s, self.kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        return apply_rope(k, cos, sin), v
+
+    def context_kv(self, ctx: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+        """Roped K and V [b, kvh, c, d] of fused context features at their positions."""
+        return self._kv(ctx, cos, sin)
+
+    def forward(self, x, cos, sin, ctx_k, ctx_v, visible):
+        """x: normed block hidden [b, q, H]; ctx_k/ctx_v [b, kvh, c, d]; visible [b, 1, q, c+q]."""
+        b, s, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(b, s, self.heads, self.head_dim)).transpose(1, 2)
+        q = apply_rope(q, cos, sin)
+        k, v = self._kv(x, cos, sin)
+        out = grouped_attention(q, torch.cat([ctx_k, k], dim=2), torch.cat([ctx_v, v], dim=2), visible)
+        return self.o_proj(out)
+
+
+class DraftLayer(nn.Module):
+    def __init__(self, hidden, heads, kv_heads, head_dim, intermediate, eps) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(hidden, eps)
+        self.self_attn = DraftAttention(hidden, heads, kv_heads, head_dim, eps)
+        self.post_attention_layernorm = RMSNorm(hidden, eps)
+        self.mlp = SwiGLU(hidden, intermediate)
+
+    def forward(self, x, cos, sin, ctx_k, ctx_v, visible):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, visible)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DFlashDraft(nn.Module):
+    def __init__(self, hf_config, n_target_features: int, vocab_size: int) -> None:
+        super().__init__()
+        c = hf_config
+        head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        kv = c.num_key_value_heads or c.num_attention_heads
+        self.hidden, self.kv_heads, self.head_dim = c.hidden_size, kv, head_dim
+        self.layers = nn.ModuleList(
+            DraftLayer(c.hidden_size, c.num_attention_heads, kv, head_dim, c.intermediate_size, c.rms_norm_eps)
+            for _ in range(c.num_hidden_layers)
+        )
+        self.fc = nn.Linear(n_target_features * c.hidden_size, c.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.embed_tokens = nn.Embedding(vocab_size, c.hidden_size)  # injected from the target
+        self.lm_head = nn.Linear(c.hidden_size, vocab_size, bias=False)  # injected from the target
+        self.rotary = Rotary(c)
+
+    def fuse(self, target_features: torch.Tensor) -> torch.Tensor:
+        """[b, c, n*H] concatenated target features -> fused context [b, c, H]."""
+        return self.hidden_norm(self.fc(target_features))
+
+    def hidden_states(self, block_ids, block_pos, ctx_kv_per_layer, visible) -> torch.Tensor:
+        """Final-normed hidden states of the block; ctx_kv_per_layer: [(k, v)] per layer."""
+        cos, sin = self.rotary(block_pos)
+        x = self.embed_tokens(block_ids)
+        for layer, (ck, cv) in zip(self.layers, ctx_kv_per_layer):
+            x = layer(x, cos, sin, ck, cv, visible)
+        return self.norm(x)
+
+    def context_kv(self, ctx: torch.Tensor, ctx_pos: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        cos, sin = self.rotary(ctx_pos)
+        return [layer.self_attn.context_kv(ctx, cos, sin) for layer in self.layers]
+
+    def forward(self, block_ids, block_pos, ctx, ctx_pos, visible) -> torch.Tensor:
+        """Logits of every block position given fused context (training and the eager reference)."""
+        return self.lm_head(self.hidden_states(block_ids, block_pos, self.context_kv(ctx, ctx_pos), visible))
+
+
+class StaticCacheDraft(nn.Module):
+    """Export wrapper: forward(input_ids, position_ids, context_features, context_position_ids, *past).
+
+    New context K/V are scattered into the cache at their positions; the block's own K/V are used
+    for this call only and never stored, which is exactly the reference's crop-to-committed cache.
+    Cache slot j is visible iff j < the block's first position.
+    """
+
+    def __init__(self, draft: DFlashDraft, emit_logits: bool = False) -> None:
+        super().__init__()
+        self.draft = draft
+        self.emit_logits = emit_logits
+
+    def forward(self, input_ids, position_ids, context_features, context_position_ids, *past):
+        d = self.draft
+        ctx_len = past[0].shape[2]
+        new_kv = d.context_kv(context_features, context_position_ids)
+        retained, per_layer = [], []
+        for i, (k, v) in enumerate(new_kv):
+            ck = write_cache(past[2 * i], context_position_ids, k)
+            cv = write_cache(past[2 * i + 1], context_position_ids, v)
+            retained += [ck, cv]
+            per_layer.append((ck, cv))
+        slots = torch.arange(ctx_len, device=input_ids.device)
+        start = position_ids[:, :1]  # [b, 1]
+        cache_visible = (slots[None, :] < start)[:, None, :].expand(-1, input_ids.shape[1], -1)
+        block_visible = torch.ones_like(cache_visible[..., : input_ids.shape[1]])
+        visible = torch.cat([cache_visible, block_visible], dim=-1)[:, None]
+        h = d.hidden_states(input_ids, position_ids, per_layer, visible)
+        logits = d.lm_head(h[:, 1:])
+        tokens = torch.argmax(logits, dim=-1)
+        return (tokens, logits, *retained) if self.emit_logits else (tokens, *retained)
+
+    def empty_cache(self, ctx_len: int, batch: int = 1, dtype=torch.float32) -> list[torch.Tensor]:
+        shape = (batch, self.draft.kv_heads, ctx_len, self.draft.head_dim)
+        return [torch.zeros(shape, dtype=dtype) for _ in range(2 * len(self.draft.layers))]
+
+    def io_names(self) -> tuple[list[str], list[str]]:
+        cache_in = [f"past_{kv}.{i}" for i in range(len(self.draft.layers)) for kv in ("key", "value")]
+        head = ["draft_tokens", "draft_logits"] if self.emit_logits else ["draft_tokens"]
+        inputs = ["input_ids", "position_ids", "context_features", "context_position_ids", *cache_in]
+        return inputs, [*head, *(f"{n}_RetainedState" for n in cache_in)]

@@ -1,0 +1,30 @@
+"""Per-family facts, keyed by the Hugging Face `model_type` (no name-substring dispatch)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dflash_cli.errors import CheckpointError
+
+
+@dataclass(frozen=True)
+class Family:
+    model_type: str
+    qk_norm: bool  # Qwen3 normalises q and k per head before RoPE; Llama does not
+    default_mask_token_id: int | None  # the published drafts' mask id, when the draft config lacks one
+
+
+FAMILIES: dict[str, Family] = {
+    "qwen3": Family("qwen3", qk_norm=True, default_mask_token_id=151669),
+    "llama": Family("llama", qk_norm=False, default_mask_token_id=128002),
+}
+
+
+def family_for(model_type: str | None) -> Family:
+    fam = FAMILIES.get(model_type or "")
+    if fam is None:
+        raise CheckpointError(
+            f"unsupported target model_type {model_type!r}",
+            hint=f"supported families: {', '.join(sorted(FAMILIES))}",
+        )
+    return fam

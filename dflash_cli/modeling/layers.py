@@ -1,0 +1,96 @@
+"""Building blocks shared by the export-ready target and the DFlash draft.
+
+Written for export: explicit matmuls, finite-minimum masking, no data-dependent control flow.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, hidden: int, intermediate: int, bias: bool = False) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=bias)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=bias)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Rotary(nn.Module):
+    """RoPE tables from the Hugging Face config, so every rope type (llama3 scaling...) matches HF."""
+
+    def __init__(self, hf_config) -> None:
+        super().__init__()
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        params = getattr(hf_config, "rope_parameters", None) or {}
+        rope_type = params.get("rope_type", "default")
+        if rope_type == "default":
+            base = params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
+            dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+            inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+            scaling = 1.0
+        else:
+            inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config)
+        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+        self.scaling = float(scaling)
+
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin of shape [b, 1, s, head_dim] for integer positions [b, s]."""
+        freqs = positions[..., None].float() * self.inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)[:, None]
+        return emb.cos() * self.scaling, emb.sin() * self.scaling
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    """Attention with grouped KV heads, without materialising repeated K/V.
+
+    q [b, h, s, d]; k, v [b, kvh, t, d]; visible bool [b, 1, s, t]. Returns [b, s, h*d].
+    Masked scores use the dtype's finite minimum (not -inf) so fully masked padding rows stay finite.
+    """
+    b, h, s, d = q.shape
+    kvh, t = k.shape[1], k.shape[2]
+    groups = h // kvh
+    qg = q.reshape(b, kvh, groups * s, d)
+    scores = torch.matmul(qg, k.transpose(-1, -2)) * (d**-0.5)  # [b, kvh, groups*s, t]
+    scores = scores.reshape(b, kvh, groups, s, t)
+    mask = visible[:, :, None]  # [b, 1, 1, s, t]
+    scores = torch.where(mask, scores, torch.full_like(scores, torch.finfo(scores.dtype).min))
+    probs = torch.softmax(scores, dim=-1).reshape(b, kvh, groups * s, t)
+    out = torch.matmul(probs, v).reshape(b, h, s, d)
+    return out.transpose(1, 2).reshape(b, s, h * d)
+
+
+def write_cache(cache: torch.Tensor, positions: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """Scatter new K or V [b, kvh, s, d] into cache [b, kvh, C, d] at `positions` [b, s].
+
+    Negative positions (padding) go to the spare last slot C-1, which no live query ever sees:
+    ONNX scatter ops would wrap -1 to that slot anyway, but we make it explicit so no backend's
+    treatment of negative indices matters.
+    """
+    spare = cache.shape[2] - 1
+    idx = torch.where(positions < 0, torch.full_like(positions, spare), positions)
+    idx = idx[:, None, :, None].expand(new.shape[0], new.shape[1], new.shape[2], new.shape[3])
+    return cache.scatter(2, idx, new)

@@ -1,0 +1,148 @@
+"""Export-ready target (Qwen3 / Llama): static KV cache, a token per position, fused context features.
+
+Module names mirror Hugging Face keys (`model.layers.N.self_attn.q_proj.weight`, ...), plus the
+injected `dflash.fc.weight` / `dflash.hidden_norm.weight`, so an injected checkpoint loads strictly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from dflash_cli.modeling.families import family_for
+from dflash_cli.modeling.layers import RMSNorm, Rotary, SwiGLU, apply_rope, grouped_attention, write_cache
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    num_layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    eps: float
+    qk_norm: bool
+    attention_bias: bool
+    mlp_bias: bool
+
+    @classmethod
+    def from_hf(cls, cfg) -> TargetSpec:
+        fam = family_for(cfg.model_type)
+        return cls(
+            num_layers=cfg.num_hidden_layers,
+            hidden=cfg.hidden_size,
+            heads=cfg.num_attention_heads,
+            kv_heads=cfg.num_key_value_heads or cfg.num_attention_heads,
+            head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
+            intermediate=cfg.intermediate_size,
+            vocab=cfg.vocab_size,
+            eps=cfg.rms_norm_eps,
+            qk_norm=fam.qk_norm,
+            attention_bias=bool(getattr(cfg, "attention_bias", False)),
+            mlp_bias=bool(getattr(cfg, "mlp_bias", False)),
+        )
+
+
+class TargetAttention(nn.Module):
+    def __init__(self, spec: TargetSpec) -> None:
+        super().__init__()
+        h, d = spec.hidden, spec.head_dim
+        self.heads, self.kv_heads, self.head_dim = spec.heads, spec.kv_heads, d
+        self.q_proj = nn.Linear(h, spec.heads * d, bias=spec.attention_bias)
+        self.k_proj = nn.Linear(h, spec.kv_heads * d, bias=spec.attention_bias)
+        self.v_proj = nn.Linear(h, spec.kv_heads * d, bias=spec.attention_bias)
+        self.o_proj = nn.Linear(spec.heads * d, h, bias=spec.attention_bias)
+        self.q_norm = RMSNorm(d, spec.eps) if spec.qk_norm else nn.Identity()
+        self.k_norm = RMSNorm(d, spec.eps) if spec.qk_norm else nn.Identity()
+
+    def forward(self, x, cos, sin, positions, visible, past_k, past_v):
+        b, s, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(b, s, self.heads, self.head_dim)).transpose(1, 2)
+        k = self.k_norm(self.k_proj(x).view(b, s, self.kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        new_k = write_cache(past_k, positions, k)
+        new_v = write_cache(past_v, positions, v)
+        out = grouped_attention(q, new_k, new_v, visible)
+        return self.o_proj(out), new_k, new_v
+
+
+class TargetLayer(nn.Module):
+    def __init__(self, spec: TargetSpec) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(spec.hidden, spec.eps)
+        self.self_attn = TargetAttention(spec)
+        self.post_attention_layernorm = RMSNorm(spec.hidden, spec.eps)
+        self.mlp = SwiGLU(spec.hidden, spec.intermediate, spec.mlp_bias)
+
+    def forward(self, x, cos, sin, positions, visible, past_k, past_v):
+        a, k, v = self.self_attn(self.input_layernorm(x), cos, sin, positions, visible, past_k, past_v)
+        x = x + a
+        return x + self.mlp(self.post_attention_layernorm(x)), k, v
+
+
+class _Body(nn.Module):
+    def __init__(self, spec: TargetSpec) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(spec.vocab, spec.hidden)
+        self.layers = nn.ModuleList(TargetLayer(spec) for _ in range(spec.num_layers))
+        self.norm = RMSNorm(spec.hidden, spec.eps)
+
+
+class _Fusion(nn.Module):
+    def __init__(self, hidden: int, n_features: int, eps: float) -> None:
+        super().__init__()
+        self.fc = nn.Linear(n_features * hidden, hidden, bias=False)
+        self.hidden_norm = RMSNorm(hidden, eps)
+
+
+class StaticCacheTarget(nn.Module):
+    """forward(input_ids, position_ids, *past) -> tokens, [logits], context_features, *retained past.
+
+    `past` is [past_key.0, past_value.0, past_key.1, ...], each [b, kv_heads, ctx_len, head_dim].
+    Cache slot j is visible to a query at position p iff j <= p, so slots left by a rejected block
+    are simply overwritten by the next block: no explicit rollback.
+    """
+
+    def __init__(self, hf_config, target_layer_ids: list[int], emit_logits: bool = False) -> None:
+        super().__init__()
+        self.spec = TargetSpec.from_hf(hf_config)
+        self.layer_ids = list(target_layer_ids)
+        self.emit_logits = emit_logits
+        self.rotary = Rotary(hf_config)
+        self.model = _Body(self.spec)
+        self.lm_head = nn.Linear(self.spec.hidden, self.spec.vocab, bias=False)
+        self.dflash = _Fusion(self.spec.hidden, len(self.layer_ids), self.spec.eps)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, *past: torch.Tensor):
+        ctx_len = past[0].shape[2]
+        cos, sin = self.rotary(position_ids)
+        slots = torch.arange(ctx_len, device=input_ids.device)
+        visible = (slots[None, None, :] <= position_ids[:, :, None])[:, None]  # [b, 1, s, C]
+        x = self.model.embed_tokens(input_ids)
+        features, retained = [], []
+        for i, layer in enumerate(self.model.layers):
+            x, k, v = layer(x, cos, sin, position_ids, visible, past[2 * i], past[2 * i + 1])
+            retained += [k, v]
+            if i in self.layer_ids:
+                features.append(x)
+        # Order features as listed in target_layer_ids (the fc's input layout), not by layer index.
+        ordered = [features[sorted(self.layer_ids).index(i)] for i in self.layer_ids]
+        context = self.dflash.hidden_norm(self.dflash.fc(torch.cat(ordered, dim=-1)))
+        logits = self.lm_head(self.model.norm(x))
+        tokens = torch.argmax(logits, dim=-1)
+        head = (tokens, logits, context) if self.emit_logits else (tokens, context)
+        return (*head, *retained)
+
+    def empty_cache(self, ctx_len: int, batch: int = 1, dtype=torch.float32) -> list[torch.Tensor]:
+        shape = (batch, self.spec.kv_heads, ctx_len, self.spec.head_dim)
+        return [torch.zeros(shape, dtype=dtype) for _ in range(2 * self.spec.num_layers)]
+
+    def io_names(self) -> tuple[list[str], list[str]]:
+        cache_in = [f"past_{kv}.{i}" for i in range(self.spec.num_layers) for kv in ("key", "value")]
+        head = ["tokens", "logits", "context_features"] if self.emit_logits else ["tokens", "context_features"]
+        return ["input_ids", "position_ids", *cache_in], [*head, *(f"{n}_RetainedState" for n in cache_in)]

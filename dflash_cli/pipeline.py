@@ -1,0 +1,240 @@
+"""The stage graph: `build()` runs each stage unless its artifact is already cached.
+
+A stage's key hashes its version, the recipe fields it reads (`key_fields`), its upstream keys in
+order and the tool versions, so a change to an irrelevant field rebuilds nothing and a change to
+a relevant one rebuilds that stage and, through the upstream keys, everything after it.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import time
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from dflash_cli.cache import Cache, compute_key
+from dflash_cli.errors import CacheError, DFlashError
+from dflash_cli.stages.base import Stage, StageContext
+from dflash_cli.versions import tool_versions
+
+# Build order. A stage module `dflash_cli.stages.<name>` exposes a module-level `STAGE`; names
+# whose module does not exist yet are skipped so the pipeline works while stages are being added.
+STAGE_NAMES: tuple[str, ...] = ("convert", "inject", "export", "compile")
+
+
+@functools.cache
+def default_stages() -> tuple[Stage, ...]:
+    """The shipped stages, in order (imported on first use; stage modules import torch lazily)."""
+    stages = []
+    for name in STAGE_NAMES:
+        module_name = f"dflash_cli.stages.{name}"
+        if importlib.util.find_spec(module_name) is None:
+            continue
+        stages.append(importlib.import_module(module_name).STAGE)
+    return tuple(stages)
+
+
+def __getattr__(name: str) -> Any:
+    # `pipeline.STAGES` is computed on first access so importing this module stays cheap.
+    if name == "STAGES":
+        return list(default_stages())
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+@dataclass(frozen=True)
+class StageResult:
+    name: str
+    status: Literal["built", "cached"]
+    key: str
+    seconds: float  # time spent in this invocation (lookup only, when cached)
+    path: Path
+    size: int  # bytes of the artifact's outputs
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "status": self.status,
+            "key": self.key,
+            "seconds": round(self.seconds, 3),
+            "path": str(self.path),
+            "size": self.size,
+        }
+
+
+@dataclass
+class BuildResult:
+    recipe: str
+    stages: list[StageResult] = field(default_factory=list)
+
+    def path(self, stage: str) -> Path:
+        return next(s.path for s in self.stages if s.name == stage)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"recipe": self.recipe, "stages": [s.to_dict() for s in self.stages]}
+
+
+@dataclass(frozen=True)
+class BuildEvent:
+    """Progress for a renderer: `start` / `message` / `wait` / `done` for stage `index` of `total`."""
+
+    kind: Literal["start", "message", "wait", "done"]
+    stage: str
+    index: int
+    total: int
+    message: str = ""
+    result: StageResult | None = None
+
+
+ProgressCallback = Callable[[BuildEvent], None]
+
+
+@dataclass(frozen=True)
+class PlannedStage:
+    stage: Stage
+    key: str
+    fields: dict[str, Any]
+    upstream: dict[str, str]  # upstream stage name -> key, in the stage's declared order
+
+
+def plan(recipe: Any, stages: Sequence[Stage] | None = None) -> list[PlannedStage]:
+    """Compute every stage's key without building anything."""
+    stages = _resolve_stages(stages)
+    versions = tool_versions()
+    keys: dict[str, str] = {}
+    planned = []
+    for stage in stages:
+        missing = [u for u in stage.upstream if u not in keys]
+        if missing:
+            raise RuntimeError(f"stage {stage.name} needs {missing}, which come later or are not registered")
+        fields = stage.key_fields(recipe)
+        upstream = {u: keys[u] for u in stage.upstream}
+        payload = {
+            "stage": stage.name,
+            "stage_version": stage.version,
+            "fields": fields,
+            "upstream": list(upstream.values()),
+            "tools": versions,
+        }
+        keys[stage.name] = compute_key(payload)
+        planned.append(PlannedStage(stage, keys[stage.name], fields, upstream))
+    return planned
+
+
+def stage_keys(recipe: Any, stages: Sequence[Stage] | None = None) -> dict[str, str]:
+    return {p.stage.name: p.key for p in plan(recipe, stages)}
+
+
+def build(
+    recipe: Any,
+    cache: Cache,
+    *,
+    upto: str | None = None,
+    force: bool = False,
+    rebuild: Collection[str] = frozenset(),
+    progress: ProgressCallback | None = None,
+    stages: Sequence[Stage] | None = None,
+) -> BuildResult:
+    """Run every stage (up to and including `upto`) whose artifact is not cached.
+
+    `force` rebuilds every stage. `rebuild` names stages to rebuild; because a rebuilt stage's key
+    does not change, downstream stages would otherwise be reused as-is, so the earliest named stage
+    and everything after it are rebuilt.
+    """
+    all_stages = _resolve_stages(stages)
+    names = [s.name for s in all_stages]
+    for name in ([upto] if upto else []) + sorted(rebuild):
+        _check_stage_name(name, names)
+    selected = all_stages[: names.index(upto) + 1] if upto else all_stages
+    first_rebuild = min((names.index(n) for n in rebuild), default=len(names))
+    emit = progress or (lambda event: None)
+
+    planned = plan(recipe, selected)
+    cache.ensure_writable()
+    result = BuildResult(recipe=recipe.name)
+    paths: dict[str, Path] = {}
+    for index, item in enumerate(planned):
+        events = _Emitter(emit, item.stage.name, index, len(planned))
+        events("start")
+        t0 = time.perf_counter()
+        status, path = _build_one(item, recipe, cache, paths, events, must_build=force or index >= first_rebuild)
+        paths[item.stage.name] = path
+        entry = cache.entry(item.stage.name, item.key)
+        stage_result = StageResult(
+            item.stage.name, status, item.key, time.perf_counter() - t0, path, entry.size if entry else 0
+        )
+        result.stages.append(stage_result)
+        events("done", status, stage_result)
+    return result
+
+
+def artifact_path(recipe: Any, cache: Cache, stage: str, stages: Sequence[Stage] | None = None) -> Path:
+    """The published artifact of `stage` for this recipe; CacheError naming the build command if absent."""
+    all_stages = _resolve_stages(stages)
+    names = [s.name for s in all_stages]
+    _check_stage_name(stage, names)
+    planned = plan(recipe, all_stages[: names.index(stage) + 1])
+    path = cache.lookup(stage, planned[-1].key)
+    if path is None:
+        ref = recipe.name
+        source = getattr(recipe, "source", None)
+        if source is not None and source.stem != recipe.name:
+            ref = str(source)
+        raise CacheError(
+            f"stage {stage} of recipe {recipe.name} is not built", hint=f"run `dflash build --recipe {ref}`"
+        )
+    return path
+
+
+@dataclass(frozen=True)
+class _Emitter:
+    emit: ProgressCallback
+    stage: str
+    index: int
+    total: int
+
+    def __call__(self, kind: Any, message: str = "", result: StageResult | None = None) -> None:
+        self.emit(BuildEvent(kind, self.stage, self.index, self.total, message, result))
+
+
+def _build_one(
+    item: PlannedStage, recipe: Any, cache: Cache, paths: dict[str, Path], events: _Emitter, *, must_build: bool
+) -> tuple[Literal["built", "cached"], Path]:
+    name, key = item.stage.name, item.key
+    path = None if must_build else cache.lookup(name, key)
+    if path is not None:
+        return "cached", path
+    with cache.lock(name, key, on_wait=lambda: events("wait", "waiting for another build of this stage")):
+        # Another process may have published it while we waited for the lock.
+        path = None if must_build else cache.lookup(name, key)
+        if path is not None:
+            return "cached", path
+        # Whatever sits at the final path is not a valid artifact (lookup said so): a crash leftover.
+        cache.discard(name, key)
+        with cache.staging(name, key) as tmp:
+            inputs = {u: paths[u] for u in item.upstream}
+            ctx = StageContext(recipe=recipe, out_dir=tmp, inputs=inputs, progress=lambda m: events("message", m))
+            t0 = time.perf_counter()
+            facts = item.stage.run(ctx) or {}
+            manifest = {
+                "recipe": recipe.name,
+                "stage_version": item.stage.version,
+                "inputs": item.fields,
+                "upstream": item.upstream,
+                "versions": tool_versions(),
+                "facts": facts,
+            }
+            path, _ = cache.publish(tmp, name, key, manifest, time.perf_counter() - t0)
+    return "built", path
+
+
+def _resolve_stages(stages: Sequence[Stage] | None) -> list[Stage]:
+    return list(stages) if stages is not None else list(default_stages())
+
+
+def _check_stage_name(name: str, names: list[str]) -> None:
+    if name not in names:
+        raise DFlashError(f"unknown stage {name!r}", hint=f"stages: {', '.join(names) or 'none registered'}")

@@ -1,0 +1,63 @@
+"""QAIC readiness: what can be checked about the exported graphs without the SDK or a card.
+
+  check_graph(onnx_path, {"prefill": 128, "verify": 16}) -> GraphReadiness
+  readiness_report(export_dir) -> Report      (both graphs, specializations from export.json)
+
+(a) static shapes per specialization (static_shapes), (b) ops against an allowlist (ops),
+(c) fp16 emulation helpers for an fp16-vs-fp32 agreement check (fp16; run by the caller).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from dflash_cli.readiness.report import GraphReadiness, Report, ShapeCheck
+
+__all__ = ["GraphReadiness", "Report", "ShapeCheck", "check_graph", "readiness_report"]
+
+
+def check_graph(
+    onnx_path: Path,
+    specializations: Mapping[str, int],
+    *,
+    graph_name: str | None = None,
+    ops_file: Path | None = None,
+) -> GraphReadiness:
+    """Check one graph; `specializations` maps a name to its seq_len ({"prefill": 128, ...})."""
+    import onnx
+
+    from dflash_cli.readiness.ops import graph_ops, load_allowlist, unsupported_ops
+    from dflash_cli.readiness.static_shapes import check_static_shapes
+
+    onnx_path = Path(onnx_path)
+    # Weights are not needed for shapes or op types; skipping them keeps big graphs cheap.
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    allowed, source = load_allowlist(ops_file)
+    used = graph_ops(model)
+    return GraphReadiness(
+        graph=graph_name or onnx_path.stem,
+        onnx=str(onnx_path),
+        shapes=[check_static_shapes(model, name, seq_len) for name, seq_len in specializations.items()],
+        ops=sorted(used),
+        unsupported_ops=unsupported_ops(used, allowed),
+        ops_source=source,
+    )
+
+
+def readiness_report(export_dir: Path, *, ops_file: Path | None = None) -> Report:
+    """Both graphs of an export artifact, each at the seq_lens export.json lists for it."""
+    from dflash_cli.qaic.specs import GRAPHS, read_export_json
+
+    export_dir = Path(export_dir)
+    info = read_export_json(export_dir)
+    graphs = [
+        check_graph(
+            export_dir / info["graphs"][g]["onnx"],
+            info["graphs"][g]["seq_lens"],
+            graph_name=g,
+            ops_file=ops_file,
+        )
+        for g in GRAPHS
+    ]
+    return Report(graphs=graphs)

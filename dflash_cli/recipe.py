@@ -1,0 +1,316 @@
+"""Recipe schema and loading: defaults < YAML < `--set a.b=c`, every problem reported at once.
+
+A recipe names a target checkpoint, a DFlash draft and how to build and run the pair. Checkpoint
+paths are only made absolute here; resolving a Hugging Face repo id from the local cache is the
+convert stage's job.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+
+import dflash_cli
+from dflash_cli.errors import RecipeError
+
+DEFAULT_RECIPE = "demo"
+RECIPE_SUFFIXES = (".yaml", ".yml")
+
+
+class _Section(BaseModel):
+    # Unknown keys are errors (a typo must not silently fall back to a default); recipes are immutable.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CheckpointRef(_Section):
+    path: str = Field(min_length=1)  # local directory, or a Hugging Face repo id (resolved offline later)
+
+
+class DFlashConfig(_Section):
+    # None means "take it from the draft checkpoint's config".
+    block_size: int | None = Field(default=None, ge=2)  # one last-committed token plus >= 1 mask
+    target_layer_ids: list[int] | None = None
+    mask_token_id: int | None = Field(default=None, ge=0)
+
+    @field_validator("target_layer_ids")
+    @classmethod
+    def _layer_ids(cls, ids: list[int] | None) -> list[int] | None:
+        if ids is None:
+            return ids
+        if not ids:
+            raise ValueError("must list at least one layer (or be null to use the draft's config)")
+        if any(i < 0 for i in ids):
+            raise ValueError("layer ids must be >= 0")
+        if len(set(ids)) != len(ids):
+            raise ValueError("layer ids must be unique")
+        return ids
+
+
+class ExportConfig(_Section):
+    ctx_len: int = Field(default=1024, gt=0)
+    prefill_seq_len: int = Field(default=64, gt=0)
+    opset: int = Field(default=18, ge=13)
+    exporter: Literal["dynamo", "torchscript"] = "dynamo"
+    logits: bool = False
+    validate_outputs: bool = Field(default=True, alias="validate")  # `validate` shadows a BaseModel method
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, serialize_by_alias=True)
+
+
+class OrtConfig(_Section):
+    precision: Literal["fp32", "int8"] = "fp32"
+    intra_op_threads: int = Field(default=0, ge=0)  # 0 = ONNX Runtime's default
+    graph_optimization: Literal["disable", "basic", "extended", "all"] = "all"
+    provider: Literal["auto", "cpu", "cuda"] = "auto"
+
+
+class QaicConfig(_Section):
+    num_cores: int = Field(default=16, gt=0)
+    mxfp6_matmul: bool = False
+    mxint8_kv_cache: bool = False
+    mos: int | None = Field(default=None, gt=0)
+    ols: int | None = Field(default=None, gt=0)
+    aic_enable_depth_first: bool = False
+    aic_hw_version: Literal["ai100", "ai200"] | None = None  # None = detect from qaic-util
+    devices: list[int] = Field(default_factory=lambda: [0], min_length=1)
+
+    @field_validator("devices")
+    @classmethod
+    def _devices(cls, devices: list[int]) -> list[int]:
+        if any(d < 0 for d in devices):
+            raise ValueError("device ids must be >= 0")
+        if len(set(devices)) != len(devices):
+            raise ValueError("device ids must be unique")
+        return devices
+
+
+class CompileConfig(_Section):
+    backend: Literal["ort", "qaic"] = "ort"
+    ort: OrtConfig = OrtConfig()
+    qaic: QaicConfig = QaicConfig()
+
+
+class RunConfig(_Section):
+    max_new_tokens: int = Field(default=128, gt=0)
+    temperature: float = Field(default=0.0, ge=0.0)
+    top_k: int = Field(default=0, ge=0)  # 0 = no top-k filter
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    seed: int = Field(default=0, ge=0)
+    chat_template: bool = False
+    enable_thinking: bool = False
+    stop: list[str] = Field(default_factory=list)
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, stop: list[str]) -> list[str]:
+        if any(s == "" for s in stop):
+            raise ValueError("stop strings must not be empty")
+        return stop
+
+
+class Recipe(_Section):
+    name: str = Field(min_length=1)
+    family: Literal["qwen3", "llama"]
+    target: CheckpointRef
+    draft: CheckpointRef
+    dflash: DFlashConfig = DFlashConfig()
+    export: ExportConfig = ExportConfig()
+    compile: CompileConfig = CompileConfig()
+    run: RunConfig = RunConfig()
+
+    _source: Path | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> Recipe:
+        # Runs only once every section is valid; checks that span sections name both fields.
+        problems = []
+        block = self.dflash.block_size
+        if block is not None and self.export.prefill_seq_len % block:
+            problems.append(
+                f"export.prefill_seq_len ({self.export.prefill_seq_len}) must be a multiple of "
+                f"dflash.block_size ({block})"
+            )
+        if self.export.prefill_seq_len > self.export.ctx_len:
+            problems.append(
+                f"export.prefill_seq_len ({self.export.prefill_seq_len}) must not exceed "
+                f"export.ctx_len ({self.export.ctx_len})"
+            )
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    @property
+    def source(self) -> Path | None:
+        """The YAML file this recipe was loaded from (None when built in code)."""
+        return self._source
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# Finding recipes
+
+
+def recipes_dir() -> Path:
+    """The shipped recipes (`<repo>/recipes`), or $DFLASH_RECIPES_DIR."""
+    env = os.environ.get("DFLASH_RECIPES_DIR")
+    if env:
+        return Path(env)
+    return Path(dflash_cli.__file__).resolve().parent.parent / "recipes"
+
+
+def list_recipes() -> dict[str, Path]:
+    """Recipe name -> YAML file, sorted by name."""
+    directory = recipes_dir()
+    if not directory.is_dir():
+        return {}
+    files = [p for p in directory.iterdir() if p.suffix in RECIPE_SUFFIXES and p.is_file()]
+    return {p.stem: p for p in sorted(files, key=lambda p: p.stem)}
+
+
+def find_recipe(name_or_path: str) -> Path:
+    """A path ending in .yaml/.yml is used as is; anything else is a name in the recipes directory."""
+    if name_or_path.endswith(RECIPE_SUFFIXES):
+        path = Path(name_or_path).expanduser()
+        if not path.is_file():
+            raise RecipeError(f"recipe file not found: {name_or_path}", hint="check the path passed to --recipe")
+        return path
+    available = list_recipes()
+    if name_or_path in available:
+        return available[name_or_path]
+    names = ", ".join(available) or "none"
+    raise RecipeError(
+        f"unknown recipe {name_or_path!r}",
+        hint=f"available recipes: {names} (or pass a path to a .yaml file)",
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+def load_recipe(name_or_path: str = DEFAULT_RECIPE, overrides: Sequence[str] = ()) -> Recipe:
+    """Load a recipe by name or path, apply `--set KEY=VALUE` overrides, validate everything at once."""
+    path = find_recipe(name_or_path)
+    data = _read_yaml(path)
+    data.setdefault("name", path.stem)
+    _resolve_paths(data, base=path.parent)
+
+    problems = []
+    touched_paths = False
+    for item in overrides:
+        try:
+            key, value = parse_override(item)
+            _set_dotted(data, key, value)
+        except ValueError as exc:
+            problems.append(f"--set {item}: {exc}")
+            continue
+        touched_paths |= key.split(".")[0] in ("target", "draft")
+    if touched_paths:
+        # A path given on the command line is relative to where the command runs.
+        _resolve_paths(data, base=Path.cwd())
+
+    recipe: Recipe | None = None
+    try:
+        recipe = Recipe.model_validate(data)
+    except ValidationError as exc:
+        problems.extend(format_validation_errors(exc))
+    if problems or recipe is None:
+        raise RecipeError(
+            f"recipe {name_or_path!r} is invalid: " + "; ".join(problems),
+            hint="fix the recipe file or the --set value (`dflash recipes show NAME` prints the effective recipe)",
+        )
+    recipe._source = path.resolve()
+    return recipe
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """`a.b=c` -> ("a.b", c) with c parsed as a YAML scalar or list (`[1,3]`, `true`, `null`)."""
+    key, sep, raw = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ValueError("expected KEY=VALUE, e.g. --set export.ctx_len=2048")
+    if any(not part for part in key.split(".")):
+        raise ValueError(f"malformed key {key!r}")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as exc:
+        raise ValueError(f"value is not valid YAML ({_yaml_problem(exc)})") from None
+    return key, value
+
+
+def format_validation_errors(exc: ValidationError) -> list[str]:
+    """Pydantic errors as `dotted.path: message`, unknown keys as `path: unknown field`."""
+    out = []
+    for err in exc.errors():
+        loc = ".".join(str(part) for part in err["loc"])
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field"
+        else:
+            msg = err["msg"].removeprefix("Value error, ")
+        out.append(f"{loc}: {msg}" if loc else msg)
+    return out
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise RecipeError(f"cannot read recipe {path}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise RecipeError(
+            f"recipe {path}: YAML syntax error{where}: {_yaml_problem(exc)}",
+            hint="fix the YAML syntax (indentation, colons, quotes)",
+        ) from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise RecipeError(f"recipe {path}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    return str(getattr(exc, "problem", None) or exc).strip()
+
+
+def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = data
+    for i, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ValueError(f"{'.'.join(parts[: i + 1])} is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def _resolve_paths(data: dict[str, Any], base: Path) -> None:
+    """Make target/draft paths absolute when they name a local path relative to `base`.
+
+    A value that exists relative to `base`, or is written as a path (`./x`, `../x`, `~/x`, `/x`),
+    is a local directory; anything else stays as given (e.g. a repo id like `Qwen/Qwen3-8B`).
+    """
+    for section in ("target", "draft"):
+        ref = data.get(section)
+        if not isinstance(ref, dict) or not isinstance(ref.get("path"), str) or not ref["path"]:
+            continue
+        raw = ref["path"]
+        looks_local = raw.startswith(("./", "../", "~", "/")) or raw in (".", "..")
+        candidate = base / Path(raw).expanduser()
+        if looks_local or candidate.exists():
+            ref["path"] = str(candidate.resolve())

@@ -1,0 +1,1 @@
+"""Pipeline stages: convert -> inject -> export -> compile, one job each."""

@@ -1,0 +1,43 @@
+"""Session-wide tiny random pairs (one per family), built once and shared read-only by all tests."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+# Tests import helpers as `tests.fixtures...`; plain `pytest` (unlike `python -m pytest`) does not put
+# the repo root on sys.path. Redundant once pyproject sets [tool.pytest.ini_options] pythonpath = ["."].
+_ROOT = str(Path(__file__).resolve().parents[1])
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+from tests.fixtures.tiny_pairs import TinyPair, make_pair  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_pair(tmp_path_factory: pytest.TempPathFactory) -> TinyPair:
+    """Qwen3 target (tied embeddings, 4 layers, hidden 64) + 2-layer DFlash draft, block 4."""
+    return make_pair(tmp_path_factory.mktemp("tiny_qwen3_pair"), "qwen3")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_pair(tmp_path_factory: pytest.TempPathFactory) -> TinyPair:
+    """Llama target (untied lm_head, 4 layers, hidden 64) + 2-layer Qwen3-style DFlash draft, block 4."""
+    return make_pair(tmp_path_factory.mktemp("tiny_llama_pair"), "llama")
+
+
+@pytest.fixture(scope="session")
+def qwen3_engine(tiny_qwen3_pair: TinyPair, tmp_path_factory: pytest.TempPathFactory):
+    """The tiny Qwen3 pair built by the real pipeline into its own cache, opened with ONNX Runtime."""
+    from tests.engines import open_engine
+
+    return open_engine(tiny_qwen3_pair, tmp_path_factory.mktemp("qwen3_engine"))
+
+
+@pytest.fixture(scope="session")
+def llama_engine(tiny_llama_pair: TinyPair, tmp_path_factory: pytest.TempPathFactory):
+    from tests.engines import open_engine
+
+    return open_engine(tiny_llama_pair, tmp_path_factory.mktemp("llama_engine"))

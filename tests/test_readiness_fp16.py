@@ -1,0 +1,97 @@
+"""fp16 emulation: the converted tiny graphs agree with fp32 on ONNX Runtime and stay finite."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from dflash_cli.readiness.fp16 import detect_nonfinite, to_fp16
+from tests.qaic_graphs import TinyDims, build_target, with_local_function, write_export_dir
+
+D = TinyDims()
+
+
+def _run(path: Path, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+
+
+def _cache(layers: int) -> dict[str, np.ndarray]:
+    shape = (1, D.kv_heads, D.ctx_len, D.head_dim)
+    return {f"past_{k}.{i}": np.zeros(shape, np.float32) for i in range(layers) for k in ("key", "value")}
+
+
+@pytest.fixture(scope="module")
+def graphs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("fp16")
+    export = write_export_dir(tmp / "export", D)
+    return {
+        "target": export / "target.onnx",
+        "draft": export / "draft.onnx",
+        "target16": to_fp16(export / "target.onnx", tmp / "target16.onnx"),
+        "draft16": to_fp16(export / "draft.onnx", tmp / "draft16.onnx"),
+    }
+
+
+def _prefill_feeds() -> dict[str, np.ndarray]:
+    # A 5-token prompt right-padded to the prefill length with position -1.
+    ids = np.array([[3, 14, 15, 9, 26, 0, 0, 0]], np.int64)
+    pos = np.array([[0, 1, 2, 3, 4, -1, -1, -1]], np.int64)
+    return {"input_ids": ids, "position_ids": pos, **_cache(D.target_layers)}
+
+
+def test_converted_graph_is_fp16_inside_with_fp32_io(graphs: dict[str, Path]) -> None:
+    model = onnx.load(str(graphs["target16"]))
+    floats = [t for t in model.graph.initializer if t.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)]
+    assert floats and all(t.data_type == onnx.TensorProto.FLOAT16 for t in floats)
+    io_types = {v.name: v.type.tensor_type.elem_type for v in [*model.graph.input, *model.graph.output]}
+    assert io_types["input_ids"] == onnx.TensorProto.INT64 and io_types["tokens"] == onnx.TensorProto.INT64
+    assert io_types["past_key.0"] == onnx.TensorProto.FLOAT  # keep_io_types: callers feed float32
+    assert io_types["logits"] == onnx.TensorProto.FLOAT
+
+
+def test_target_fp16_agrees_with_fp32(graphs: dict[str, Path]) -> None:
+    feeds = _prefill_feeds()
+    ref, half = _run(graphs["target"], feeds), _run(graphs["target16"], feeds)
+    assert detect_nonfinite(half) == {}
+    # The float32-minimum mask constant was clipped to fp16's range, not turned into -inf.
+    np.testing.assert_array_equal(ref["tokens"][:, :5], half["tokens"][:, :5])
+    for name in ("logits", "context_features", "past_key.1_RetainedState"):
+        np.testing.assert_allclose(half[name], ref[name], rtol=2e-2, atol=2e-2, err_msg=name)
+
+
+def test_draft_fp16_agrees_with_fp32(graphs: dict[str, Path]) -> None:
+    target = _run(graphs["target"], _prefill_feeds())
+    feeds = {
+        "input_ids": np.array([[int(target["tokens"][0, 4]), 31, 31, 31]], np.int64),
+        "position_ids": np.arange(5, 5 + D.block_size, dtype=np.int64).reshape(1, -1),
+        "context_features": target["context_features"],
+        "context_position_ids": np.array([[0, 1, 2, 3, 4, -1, -1, -1]], np.int64),
+        **_cache(D.draft_layers),
+    }
+    ref, half = _run(graphs["draft"], feeds), _run(graphs["draft16"], feeds)
+    assert detect_nonfinite(half) == {}
+    np.testing.assert_array_equal(ref["draft_tokens"], half["draft_tokens"])
+    np.testing.assert_allclose(half["draft_logits"], ref["draft_logits"], rtol=2e-2, atol=2e-2)
+
+
+def test_local_functions_are_inlined(tmp_path: Path) -> None:
+    src = tmp_path / "fn.onnx"
+    onnx.save(with_local_function(build_target(D)), str(src))
+    out = onnx.load(str(to_fp16(src, tmp_path / "fn16.onnx")))
+    assert not out.functions
+    half = _run(tmp_path / "fn16.onnx", _prefill_feeds())
+    assert half["tokens"].shape == (1, 8)
+
+
+def test_detect_nonfinite() -> None:
+    outputs = {
+        "logits": np.array([1.0, np.inf, np.nan], np.float32),
+        "tokens": np.array([1, 2], np.int64),
+        "ok": np.zeros(3, np.float16),
+    }
+    assert detect_nonfinite(outputs) == {"logits": 2}
