@@ -7,6 +7,7 @@ transformers are imported inside the commands so `dflash --help` stays instant.
 from __future__ import annotations
 
 import importlib
+import os
 
 import typer
 
@@ -17,6 +18,10 @@ COMMAND_MODULES: tuple[str, ...] = (
     "dflash_cli.cli.recipes",
     "dflash_cli.cli.cache_cmd",
     "dflash_cli.cli.doctor",
+    "dflash_cli.cli.compile_cmd",
+    "dflash_cli.cli.run",
+    "dflash_cli.cli.bench",
+    "dflash_cli.cli.check",
 )
 
 
@@ -35,5 +40,19 @@ def create_app() -> typer.Typer:
     return app
 
 
+def _quiet_third_party() -> None:
+    """Keep library chatter (load reports, shard progress bars) out of our output unless debugging.
+
+    Set as environment defaults before transformers/huggingface_hub are imported; a user's own
+    settings win.
+    """
+    if os.environ.get("DFLASH_DEBUG", "") in ("", "0", "false", "no"):
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+        os.environ.setdefault("TORCH_LOGS", "-all")
+
+
 def main() -> None:
+    _quiet_third_party()
     create_app()(prog_name="dflash")

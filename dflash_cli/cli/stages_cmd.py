@@ -14,6 +14,7 @@ from dflash_cli.recipe import DEFAULT_RECIPE
 STAGE_COMMANDS: tuple[tuple[str, str], ...] = (
     ("convert", "Locate and validate the target/draft pair and write normalised checkpoints."),
     ("inject", "Share weights across the pair: target embed/lm_head into the draft, fc/hidden_norm into the target."),
+    ("export", "Export target.onnx and draft.onnx (static KV cache, only seq_len symbolic) and validate every output."),
 )
 
 

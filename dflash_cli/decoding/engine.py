@@ -167,7 +167,7 @@ def _open(backend: str, compile_dir: Path, graph: str, recipe: Any):
     if backend == "qaic":
         from dflash_cli.qaic.runtime import open_qaic_session
 
-        return open_qaic_session(compile_dir, graph, recipe.compile.qaic.devices[0])
+        return open_qaic_session(compile_dir, graph, list(recipe.compile.qaic.devices))
     if backend != "ort":
         raise BackendError(f"unknown backend {backend!r}", hint="compile.backend is ort or qaic")
     from dflash_cli.backends.ort import OrtSession, OrtSettings

@@ -84,13 +84,20 @@ class DFlashProposer:
     def __init__(self, draft: TimedSession, block_size: int, mask_id: int, prefill_len: int) -> None:
         self.draft, self.block, self.mask_id, self.prefill_len = draft, block_size, mask_id, prefill_len
 
-    def start(self, prompt_features: np.ndarray) -> None:
+    def start(self, prompt_features: np.ndarray, last: int, pos: int) -> None:
+        """Ingest the prompt's context (prefill work, so it counts toward time to first token) and
+        draft the first block right away."""
         self._pending = [(prompt_features, 0)]  # context not yet in the draft cache: (features, first position)
+        self._ready = self._draft(last, pos)
 
     def observe(self, features: np.ndarray, first_pos: int) -> None:
         self._pending = [(features, first_pos)]
 
     def propose(self, history: list[int], last: int, pos: int) -> list[int]:
+        ready, self._ready = self._ready, None
+        return ready if ready is not None else self._draft(last, pos)
+
+    def _draft(self, last: int, pos: int) -> list[int]:
         block = [last] + [self.mask_id] * (self.block - 1)
         ids, bpos = padded(block, pos, self.block)
         result = None
@@ -116,7 +123,7 @@ class LookupProposer:
     def __init__(self, drafter) -> None:
         self.drafter = drafter
 
-    def start(self, prompt_features) -> None:
+    def start(self, prompt_features, last, pos) -> None:
         pass
 
     def observe(self, features, first_pos) -> None:
@@ -134,12 +141,12 @@ def generate_speculative(target: TimedSession, proposer, prompt: list[int], pref
     t0 = time.perf_counter()
     res = prefill(target, prompt, prefill_len)
     out.commit([sampler.pick(res.get("logits", [None])[-1], res["tokens"][-1])])
+    pos, accepts = len(prompt), []
+    proposer.start(res["context_features"], out.tokens[-1], pos)
     t1 = time.perf_counter()
     target.reset_counters()
     if draft_timer:
         draft_timer.reset_counters()
-    proposer.start(res["context_features"])
-    pos, accepts = len(prompt), []
     while not out.done:
         last = out.tokens[-1]
         proposal = proposer.propose(prompt + out.tokens, last, pos)

@@ -24,25 +24,26 @@ class CompileStage:
         c = recipe.compile
         if c.backend == "qaic":
             from dflash_cli.qaic.compile import key_fields as qaic_key_fields
+            from dflash_cli.qaic.sdk import find_sdk
 
-            return {"backend": "qaic", **qaic_key_fields(_qaic_options(recipe))}
+            return {"backend": "qaic", **qaic_key_fields(_qaic_options(recipe), find_sdk())}
         return {"backend": "ort", "precision": c.ort.precision}
 
     def run(self, ctx: StageContext) -> dict[str, Any]:
         if ctx.recipe.compile.backend == "qaic":
             from dflash_cli.qaic.compile import compile_graphs
 
-            return compile_graphs(ctx.inputs["export"], ctx.out_dir, _qaic_options(ctx.recipe), ctx.progress)
+            src = ctx.inputs["export"]
+            facts = compile_graphs(src, ctx.out_dir, _qaic_options(ctx.recipe), ctx.progress)
+            shutil.copy2(src / "export.json", ctx.out_dir / "export.json")
+            return facts
         return _compile_ort(ctx)
 
 
 def _qaic_options(recipe: Any):
-    from dflash_cli.qaic.command import QaicOptions
+    from dflash_cli.qaic.command import QaicCompileOptions
 
-    q = recipe.compile.qaic
-    return QaicOptions(num_cores=q.num_cores, mxfp6_matmul=q.mxfp6_matmul, mxint8_kv_cache=q.mxint8_kv_cache,
-                       mos=q.mos, ols=q.ols, aic_enable_depth_first=q.aic_enable_depth_first,
-                       aic_hw_version=q.aic_hw_version, devices=list(q.devices))
+    return QaicCompileOptions.from_mapping(recipe.compile.qaic.model_dump())
 
 
 def _compile_ort(ctx: StageContext) -> dict[str, Any]:

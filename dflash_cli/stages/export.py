@@ -19,7 +19,7 @@ class ExportStage:
     def key_fields(self, recipe: Any) -> dict[str, Any]:
         e = recipe.export
         return {"ctx_len": e.ctx_len, "prefill_seq_len": e.prefill_seq_len, "opset": e.opset,
-                "exporter": e.exporter, "logits": e.logits, "validate": e.validate}
+                "exporter": e.exporter, "logits": e.logits, "validate": e.validate_outputs}
 
     def run(self, ctx: StageContext) -> dict[str, Any]:
         import numpy as np
@@ -61,7 +61,7 @@ class ExportStage:
                 "seq_lens": {"prefill": P, "verify": B, "decode": 1} if gname == "target" else {"prefill": P, "decode": B},
             }
         checks = []
-        if e.validate:
+        if e.validate_outputs:
             ctx.progress("validating ONNX outputs against PyTorch")
             rng = np.random.default_rng(0)
             checks += compare_graph("target", out / "target.onnx", target, _target_calls(rng, pair, B, P), C)
@@ -123,9 +123,9 @@ def _draft_calls(rng, pair: dict, B: int, P: int) -> list[tuple[str, dict]]:
     first = {"input_ids": block, "position_ids": _positions(n, B, B),
              "context_features": rng.standard_normal((1, P, H)).astype(np.float32),
              "context_position_ids": _positions(0, n, P)}
-    second = {"input_ids": block, "position_ids": _positions(n + 3, B, B),
+    second = {"input_ids": block, "position_ids": _positions(n + min(3, B), B, B),
               "context_features": rng.standard_normal((1, B, H)).astype(np.float32),
-              "context_position_ids": _positions(n, 3, B)}
+              "context_position_ids": _positions(n, min(3, B), B)}
     return [("context(prefill)", first), ("context(block)", second)]
 
 

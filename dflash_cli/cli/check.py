@@ -1,0 +1,74 @@
+"""`dflash check`: accelerator readiness of the exported graphs (static shapes, ops, fp16 emulation)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from dflash_cli.cli.common import CacheDirOpt, JsonOpt, RecipeOpt, SetOpt, err_console, examples, handle_errors, print_json
+from dflash_cli.recipe import DEFAULT_RECIPE
+
+
+def register(app: typer.Typer) -> None:
+    app.command(
+        "check",
+        epilog=examples(
+            "dflash check --recipe demo",
+            "dflash check -r demo --fp16-prompts 164 --json   # fp16 emulation on every HumanEval prompt",
+            "dflash check -r qwen3-8b --fp16-prompts 0         # shapes and ops only",
+        ),
+    )(check_command)
+
+
+@handle_errors
+def check_command(
+    recipe: RecipeOpt = DEFAULT_RECIPE,
+    set_: SetOpt = None,
+    cache_dir: CacheDirOpt = None,
+    fp16_prompts: Annotated[int, typer.Option(
+        "--fp16-prompts", help="HumanEval prompts for the fp16-vs-fp32 greedy agreement check (0 = skip).")] = 20,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Tokens per fp16 check prompt.")] = 64,
+    json_: JsonOpt = False,
+) -> None:
+    """Prove the graphs accelerator-ready: fully static per specialization, allow-listed ops, fp16 emulation.
+
+    Exits 1 when any check fails; the fp16 check fails below 95% identical greedy outputs or on any inf/NaN.
+    """
+    from dflash_cli.cache import Cache
+    from dflash_cli.pipeline import build
+    from dflash_cli.readiness import readiness_report
+    from dflash_cli.recipe import load_recipe
+
+    r = load_recipe(recipe, set_ or [])
+    cache = Cache(cache_dir)
+    result = build(r, cache, upto="compile" if fp16_prompts else "export")
+    report = readiness_report(result.path("export"))
+    doc = {"recipe": r.name, "readiness": report.to_dict()}
+    console = err_console()
+    if not json_:
+        console.print(report.render_text(), markup=False, highlight=False)
+    ok = report.ok
+    if fp16_prompts:
+        from dflash_cli.bench.datasets import load_dataset
+        from dflash_cli.decoding.engine import Engine
+        from dflash_cli.readiness.fp16_agreement import fp16_agreement
+
+        engine = Engine.load(r, cache)
+        samples = load_dataset("humaneval", max_samples=fp16_prompts, seed=0)
+        prompts = [engine.encode_prompt(s.turns[0]) for s in samples]
+        agreement = fp16_agreement(engine, result.path("export"), prompts, max_new_tokens,
+                                   progress=None if json_ or not console.is_terminal
+                                   else lambda i, n: console.print(f"fp16 check {i}/{n}", end="\r"))
+        doc["fp16"] = agreement.to_dict()
+        fp16_ok = agreement.rate >= 0.95 and not agreement.nonfinite
+        ok = ok and fp16_ok
+        if not json_:
+            console.print(f"fp16 emulation: {agreement.identical}/{agreement.prompts} prompts identical to fp32 "
+                          f"({agreement.rate:.1%}), non-finite outputs: {agreement.nonfinite or 'none'} "
+                          f"-> {'ok' if fp16_ok else 'FAIL'}", markup=False, highlight=False)
+    doc["ok"] = ok
+    if json_:
+        print_json(doc)
+    if not ok:
+        raise typer.Exit(1)

@@ -1,0 +1,79 @@
+"""fp16 emulation end to end: greedy DFlash with fp16-converted graphs vs the fp32 build, per prompt."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dflash_cli.readiness.fp16 import detect_nonfinite, to_fp16
+
+
+@dataclass
+class Fp16Agreement:
+    prompts: int = 0
+    identical: int = 0
+    nonfinite: dict[str, int] = field(default_factory=dict)
+    first_divergence: list[int | None] = field(default_factory=list)  # per prompt: position or None
+
+    @property
+    def rate(self) -> float:
+        return self.identical / self.prompts if self.prompts else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"prompts": self.prompts, "identical": self.identical, "rate": self.rate,
+                "nonfinite": self.nonfinite, "first_divergence": self.first_divergence}
+
+
+class _Watch:
+    """Session wrapper that counts NaN/inf in every output of every call."""
+
+    def __init__(self, inner, counts: dict[str, int]) -> None:
+        self.inner, self.counts = inner, counts
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def run(self, feeds):
+        out = self.inner.run(feeds)
+        for k, n in detect_nonfinite(out).items():
+            self.counts[f"{self.inner.name}:{k}"] = self.counts.get(f"{self.inner.name}:{k}", 0) + n
+        return out
+
+
+def fp16_agreement(engine: Any, export_dir: Path, prompts: list[list[int]], max_new_tokens: int,
+                   progress: Callable[[int, int], None] | None = None) -> Fp16Agreement:
+    """Run greedy DFlash on each prompt with the fp32 engine, then with fp16 graphs, and compare."""
+    import json
+
+    from dflash_cli.backends.ort import OrtSession
+
+    info = json.loads((Path(export_dir) / "export.json").read_text())
+    result = Fp16Agreement()
+    fp32 = (engine.target, engine.draft)
+    with tempfile.TemporaryDirectory(prefix="dflash-fp16-") as tmp:
+        sessions = {}
+        for g in ("target", "draft"):
+            path = to_fp16(Path(export_dir) / info["graphs"][g]["onnx"], Path(tmp) / f"{g}.onnx")
+            sessions[g] = _Watch(OrtSession(path, g), result.nonfinite)
+        sessions["draft"].hidden_size = engine.draft.hidden_size
+        for i, ids in enumerate(prompts):
+            engine.target, engine.draft = fp32
+            ref = engine.generate(ids, mode="dflash", max_new_tokens=max_new_tokens).tokens
+            engine.target, engine.draft = sessions["target"], sessions["draft"]
+            try:
+                got = engine.generate(ids, mode="dflash", max_new_tokens=max_new_tokens).tokens
+            finally:
+                engine.target, engine.draft = fp32
+            result.prompts += 1
+            if got == ref:
+                result.identical += 1
+                result.first_divergence.append(None)
+            else:
+                result.first_divergence.append(next((j for j, (a, b) in enumerate(zip(got, ref)) if a != b),
+                                                    min(len(got), len(ref))))
+            if progress:
+                progress(i + 1, len(prompts))
+    return result
