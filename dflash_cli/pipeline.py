@@ -183,8 +183,9 @@ def artifact_path(recipe: Any, cache: Cache, stage: str, stages: Sequence[Stage]
         source = getattr(recipe, "source", None)
         if source is not None and source.stem != recipe.name:
             ref = str(source)
+        sets = "".join(f" --set {item}" for item in getattr(recipe, "overrides", ()))
         raise CacheError(
-            f"stage {stage} of recipe {recipe.name} is not built", hint=f"run `dflash build --recipe {ref}`"
+            f"stage {stage} of recipe {recipe.name} is not built", hint=f"run `dflash build --recipe {ref}{sets}`"
         )
     return path
 

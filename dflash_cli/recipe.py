@@ -124,6 +124,7 @@ class Recipe(_Section):
     run: RunConfig = RunConfig()
 
     _source: Path | None = PrivateAttr(default=None)
+    _overrides: tuple[str, ...] = PrivateAttr(default=())
 
     @model_validator(mode="after")
     def _cross_field(self) -> Recipe:
@@ -143,6 +144,11 @@ class Recipe(_Section):
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    @property
+    def overrides(self) -> tuple[str, ...]:
+        """The `--set KEY=VALUE` items applied on load (so hints can repeat them)."""
+        return self._overrides
 
     @property
     def source(self) -> Path | None:
@@ -230,6 +236,7 @@ def load_recipe(name_or_path: str = DEFAULT_RECIPE, overrides: Sequence[str] = (
             hint="fix the recipe file or the --set value (`dflash recipes show NAME` prints the effective recipe)",
         )
     recipe._source = path.resolve()
+    recipe._overrides = tuple(overrides)
     return recipe
 
 

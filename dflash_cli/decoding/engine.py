@@ -39,6 +39,8 @@ class Engine:
         self.recipe = recipe
         self.recipe_name = recipe.name
         self.artifact_keys = dict(artifacts.keys)
+        self.compile_dir = artifacts.compile
+        self.export_dir = artifacts.export
         info = json.loads((artifacts.export / "export.json").read_text())
         pair = json.loads((artifacts.inject / "pair.json").read_text())
         self.block_size: int = info["block_size"]

@@ -1,0 +1,79 @@
+"""`dflash run`: streaming output, --json, and one-line errors for bad requests."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from dflash_cli.cli.app import create_app
+
+runner = CliRunner()
+
+
+def invoke(engine, *args):
+    recipe = str(engine.recipe.source)
+    cache = str(engine.compile_dir.parents[2])
+    return runner.invoke(create_app(), ["run", "-r", recipe, "--cache-dir", cache, *args])
+
+
+def test_run_streams_text_and_summary(qwen3_engine):
+    res = invoke(qwen3_engine, "--prompt", "def add(a, b):", "--max-new-tokens", "6")
+    assert res.exit_code == 0, res.output
+    assert "new tokens" in res.stderr and "tau" in res.stderr
+
+
+def test_run_json(qwen3_engine):
+    res = invoke(qwen3_engine, "--prompt", "def add(a, b):", "--max-new-tokens", "6", "--json")
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["mode"] == "dflash" and 1 <= len(doc["token_ids"]) <= 6
+    assert {"text", "acceptance_lengths", "tau", "ttft_s", "decode_tokens_per_s"} <= set(doc)
+
+
+def test_no_draft_is_plain(qwen3_engine):
+    res = invoke(qwen3_engine, "--prompt", "x = 1", "--max-new-tokens", "6", "--json", "--no-draft")
+    assert json.loads(res.stdout)["mode"] == "plain"
+
+
+def test_empty_prompt(qwen3_engine):
+    res = invoke(qwen3_engine, "--prompt", "  ")
+    assert res.exit_code == 1
+    assert "error: the prompt is empty" in res.stderr and "hint:" in res.stderr
+
+
+def test_over_long_prompt(qwen3_engine):
+    res = invoke(qwen3_engine, "--prompt", "x " * 400)
+    assert res.exit_code == 1
+    assert "exceeds the" in res.stderr and "export.ctx_len" in res.stderr
+
+
+def test_missing_artifacts_point_at_build(qwen3_engine):
+    res = invoke(qwen3_engine, "--prompt", "x", "--set", "export.ctx_len=96")
+    assert res.exit_code == 1
+    assert "is not built" in res.stderr and "dflash build" in res.stderr and "--set export.ctx_len=96" in res.stderr
+
+
+def test_sampling_needs_logits(qwen3_engine):
+    res = invoke(qwen3_engine, "--prompt", "x", "--max-new-tokens", "4", "--temperature", "0.7")
+    assert res.exit_code == 1
+    assert "export.logits=true" in res.stderr
+
+
+def test_unavailable_cuda_provider(qwen3_engine):
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        return
+    res = invoke(qwen3_engine, "--prompt", "x", "--set", "compile.ort.provider=cuda")
+    assert res.exit_code == 1
+    assert "no CUDA provider" in res.stderr
+
+
+def test_qaic_backend_without_sdk(qwen3_engine, monkeypatch, tmp_path):
+    monkeypatch.setenv("DFLASH_QAIC_ROOT", str(tmp_path / "no-sdk"))
+    recipe = str(qwen3_engine.recipe.source)
+    cache = str(qwen3_engine.compile_dir.parents[2])
+    res = runner.invoke(create_app(), ["build", "-r", recipe, "--cache-dir", cache, "--set", "compile.backend=qaic"])
+    assert res.exit_code == 1
+    assert "QAIC SDK not found" in res.stderr and "--emit-script" in res.stderr
