@@ -51,7 +51,7 @@ class EagerDraft:
         cpos = torch.arange(ctx.shape[0])
         x = self.embed[ids]
         for i in range(c["num_hidden_layers"]):
-            w = lambda n: sd[f"layers.{i}.{n}"]  # noqa: E731
+            w = lambda n, i=i: sd[f"layers.{i}.{n}"]  # noqa: E731
             h = _rms(x, w("input_layernorm.weight"), self.eps)
             q = _rms((h @ w("self_attn.q_proj.weight").T).view(-1, h_, d), w("self_attn.q_norm.weight"), self.eps)
             kv_in = torch.cat([ctx, h])

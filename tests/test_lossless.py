@@ -24,9 +24,15 @@ def _hf_greedy(target_dir, prompt: list[int], stop_ids: list[int]) -> list[int]:
         model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).eval()
         _hf_greedy.cache[str(target_dir)] = model
     ids = torch.tensor([prompt])
-    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_NEW, do_sample=False,
-                         eos_token_id=stop_ids, pad_token_id=stop_ids[0])
-    return out[0, len(prompt):].tolist()
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=MAX_NEW,
+        do_sample=False,
+        eos_token_id=stop_ids,
+        pad_token_id=stop_ids[0],
+    )
+    return out[0, len(prompt) :].tolist()
 
 
 _hf_greedy.cache = {}

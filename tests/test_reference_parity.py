@@ -26,8 +26,9 @@ def run_toolchain(engine, prompt, max_new):
     engine.draft.reset()
     proposer = Recording(TimedSession(engine.draft), engine.block_size, engine.mask_token_id, engine.prefill_len)
     cfg = LoopConfig(max_new, frozenset(engine.eos_token_ids))
-    res = generate_speculative(TimedSession(engine.target), proposer, prompt, engine.prefill_len,
-                               engine.block_size, cfg)
+    res = generate_speculative(
+        TimedSession(engine.target), proposer, prompt, engine.prefill_len, engine.block_size, cfg
+    )
     return res, proposer.proposals
 
 
@@ -39,8 +40,9 @@ def test_per_step_parity_with_eager_reference(family, request):
     for n in (3, 9, 17):  # shorter than, equal to about, and longer than the prefill chunk
         prompt = list(map(int, rng.integers(2, engine.tokenizer.vocab_size, size=n)))
         ours, our_props = run_toolchain(engine, prompt, 12)
-        ref_tokens, ref_props, ref_acc = reference_generate(pair.target_dir, pair.draft_dir, prompt, 12,
-                                                            set(engine.eos_token_ids))
+        ref_tokens, ref_props, ref_acc = reference_generate(
+            pair.target_dir, pair.draft_dir, prompt, 12, set(engine.eos_token_ids)
+        )
         assert ours.tokens == ref_tokens
         assert our_props == ref_props
         assert ours.accept_lengths == ref_acc

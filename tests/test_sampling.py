@@ -83,8 +83,10 @@ def chi2_statistic(samples: list[tuple[int, ...]], exact: dict[tuple[int, ...], 
 
 
 def sample(engine, mode: str, seeds, temperature=1.0) -> list[tuple[int, ...]]:
-    return [tuple(engine.generate(PROMPT, mode=mode, max_new_tokens=3, temperature=temperature, seed=s).tokens[:3])
-            for s in seeds]
+    return [
+        tuple(engine.generate(PROMPT, mode=mode, max_new_tokens=3, temperature=temperature, seed=s).tokens[:3])
+        for s in seeds
+    ]
 
 
 def test_dflash_sampling_matches_target_distribution(small_vocab):

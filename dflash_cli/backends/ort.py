@@ -15,8 +15,12 @@ import numpy as np
 from dflash_cli.backends.base import is_cache_input, retained_name
 from dflash_cli.errors import BackendError
 
-_OPT_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
-               "all": "ORT_ENABLE_ALL"}
+_OPT_LEVELS = {
+    "disable": "ORT_DISABLE_ALL",
+    "basic": "ORT_ENABLE_BASIC",
+    "extended": "ORT_ENABLE_EXTENDED",
+    "all": "ORT_ENABLE_ALL",
+}
 
 
 @dataclass(frozen=True)
@@ -61,14 +65,19 @@ class OrtSession:
         self._cache_spec = {i.name: (tuple(i.shape), dtype[i.type]) for i in inputs if is_cache_input(i.name)}
         self.ctx_len = next(iter(self._cache_spec.values()))[0][2] if self._cache_spec else 0
         self._buffers = [self._alloc(), self._alloc()]
-        self._bindings = [self._bind(self._buffers[0], self._buffers[1]), self._bind(self._buffers[1], self._buffers[0])]
+        self._bindings = [
+            self._bind(self._buffers[0], self._buffers[1]),
+            self._bind(self._buffers[1], self._buffers[0]),
+        ]
         self._parity = 0
 
     def _alloc(self) -> dict:
         import onnxruntime as ort
 
-        return {n: ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, dt), self._device, 0)
-                for n, (shape, dt) in self._cache_spec.items()}
+        return {
+            n: ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, dt), self._device, 0)
+            for n, (shape, dt) in self._cache_spec.items()
+        }
 
     def _bind(self, src: dict, dst: dict):
         b = self._sess.io_binding()

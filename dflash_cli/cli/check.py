@@ -6,7 +6,16 @@ from typing import Annotated
 
 import typer
 
-from dflash_cli.cli.common import CacheDirOpt, JsonOpt, RecipeOpt, SetOpt, err_console, examples, handle_errors, print_json
+from dflash_cli.cli.common import (
+    CacheDirOpt,
+    JsonOpt,
+    RecipeOpt,
+    SetOpt,
+    err_console,
+    examples,
+    handle_errors,
+    print_json,
+)
 from dflash_cli.recipe import DEFAULT_RECIPE
 
 
@@ -26,8 +35,12 @@ def check_command(
     recipe: RecipeOpt = DEFAULT_RECIPE,
     set_: SetOpt = None,
     cache_dir: CacheDirOpt = None,
-    fp16_prompts: Annotated[int, typer.Option(
-        "--fp16-prompts", help="HumanEval prompts for the fp16-vs-fp32 greedy agreement check (0 = skip).")] = 20,
+    fp16_prompts: Annotated[
+        int,
+        typer.Option(
+            "--fp16-prompts", help="HumanEval prompts for the fp16-vs-fp32 greedy agreement check (0 = skip)."
+        ),
+    ] = 20,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Tokens per fp16 check prompt.")] = 64,
     json_: JsonOpt = False,
 ) -> None:
@@ -57,16 +70,26 @@ def check_command(
         engine = Engine.load(r, cache)
         samples = load_dataset("humaneval", max_samples=fp16_prompts, seed=0)
         prompts = [engine.encode_prompt(s.turns[0]) for s in samples]
-        agreement = fp16_agreement(engine, result.path("export"), prompts, max_new_tokens,
-                                   progress=None if json_ or not console.is_terminal
-                                   else lambda i, n: console.print(f"fp16 check {i}/{n}", end="\r"))
+        agreement = fp16_agreement(
+            engine,
+            result.path("export"),
+            prompts,
+            max_new_tokens,
+            progress=None
+            if json_ or not console.is_terminal
+            else lambda i, n: console.print(f"fp16 check {i}/{n}", end="\r"),
+        )
         doc["fp16"] = agreement.to_dict()
         fp16_ok = agreement.rate >= 0.95 and not agreement.nonfinite
         ok = ok and fp16_ok
         if not json_:
-            console.print(f"fp16 emulation: {agreement.identical}/{agreement.prompts} prompts identical to fp32 "
-                          f"({agreement.rate:.1%}), non-finite outputs: {agreement.nonfinite or 'none'} "
-                          f"-> {'ok' if fp16_ok else 'FAIL'}", markup=False, highlight=False)
+            console.print(
+                f"fp16 emulation: {agreement.identical}/{agreement.prompts} prompts identical to fp32 "
+                f"({agreement.rate:.1%}), non-finite outputs: {agreement.nonfinite or 'none'} "
+                f"-> {'ok' if fp16_ok else 'FAIL'}",
+                markup=False,
+                highlight=False,
+            )
     doc["ok"] = ok
     if json_:
         print_json(doc)

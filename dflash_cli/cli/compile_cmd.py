@@ -9,7 +9,16 @@ import typer
 
 from dflash_cli.cli.build import execute_build
 from dflash_cli.cli.common import (
-    CacheDirOpt, ForceOpt, JsonOpt, RebuildOpt, RecipeOpt, SetOpt, err_console, examples, handle_errors, print_json,
+    CacheDirOpt,
+    ForceOpt,
+    JsonOpt,
+    RebuildOpt,
+    RecipeOpt,
+    SetOpt,
+    err_console,
+    examples,
+    handle_errors,
+    print_json,
 )
 from dflash_cli.recipe import DEFAULT_RECIPE
 
@@ -32,10 +41,15 @@ def compile_command(
     set_: SetOpt = None,
     cache_dir: CacheDirOpt = None,
     backend: Annotated[str | None, typer.Option("--backend", help="ort or qaic (default: compile.backend).")] = None,
-    emit_script: Annotated[Path | None, typer.Option(
-        "--emit-script", metavar="DIR",
-        help="QAIC only: write the ONNX files, specializations/custom-IO files and compile.sh into DIR instead of compiling.",
-    )] = None,
+    emit_script: Annotated[
+        Path | None,
+        typer.Option(
+            "--emit-script",
+            metavar="DIR",
+            help="QAIC only: write the ONNX files, specializations/custom-IO files and compile.sh into DIR "
+            "instead of compiling.",
+        ),
+    ] = None,
     force: ForceOpt = False,
     rebuild: RebuildOpt = None,
     json_: JsonOpt = False,
@@ -59,5 +73,8 @@ def compile_command(
     if json_:
         print_json({"recipe": r.name, "bundle": str(bundle)})
     else:
-        err_console().print(f"QAIC bundle written to {bundle}; on a host with the SDK run: bash {bundle}/compile.sh",
-                            markup=False, highlight=False)
+        err_console().print(
+            f"QAIC bundle written to {bundle}; on a host with the SDK run: bash {bundle}/compile.sh",
+            markup=False,
+            highlight=False,
+        )

@@ -7,7 +7,16 @@ from typing import Annotated
 
 import typer
 
-from dflash_cli.cli.common import CacheDirOpt, JsonOpt, RecipeOpt, SetOpt, err_console, examples, handle_errors, print_json
+from dflash_cli.cli.common import (
+    CacheDirOpt,
+    JsonOpt,
+    RecipeOpt,
+    SetOpt,
+    err_console,
+    examples,
+    handle_errors,
+    print_json,
+)
 from dflash_cli.recipe import DEFAULT_RECIPE
 
 
@@ -25,12 +34,17 @@ def register(app: typer.Typer) -> None:
 
 @handle_errors
 def run_command(
-    prompt: Annotated[str, typer.Option("--prompt", "-p", help="Text to continue (the chat template applies when the recipe enables it).")],
+    prompt: Annotated[
+        str,
+        typer.Option("--prompt", "-p", help="Text to continue (the chat template applies when the recipe enables it)."),
+    ],
     recipe: RecipeOpt = DEFAULT_RECIPE,
     set_: SetOpt = None,
     cache_dir: CacheDirOpt = None,
     max_new_tokens: Annotated[int | None, typer.Option("--max-new-tokens", help="Default: run.max_new_tokens.")] = None,
-    temperature: Annotated[float | None, typer.Option("--temperature", help="0 = greedy. Default: run.temperature.")] = None,
+    temperature: Annotated[
+        float | None, typer.Option("--temperature", help="0 = greedy. Default: run.temperature.")
+    ] = None,
     top_k: Annotated[int | None, typer.Option("--top-k", help="Default: run.top_k (0 = off).")] = None,
     top_p: Annotated[float | None, typer.Option("--top-p", help="Default: run.top_p (1 = off).")] = None,
     seed: Annotated[int | None, typer.Option("--seed", help="Sampling seed. Default: run.seed.")] = None,
@@ -48,26 +62,40 @@ def run_command(
     ids = engine.encode_prompt(prompt)
     streamer = _Streamer(engine) if not json_ else None
     result = engine.generate(
-        ids, mode="plain" if no_draft else "dflash",
+        ids,
+        mode="plain" if no_draft else "dflash",
         max_new_tokens=run.max_new_tokens if max_new_tokens is None else max_new_tokens,
         temperature=run.temperature if temperature is None else temperature,
-        top_k=run.top_k if top_k is None else top_k, top_p=run.top_p if top_p is None else top_p,
-        seed=run.seed if seed is None else seed, on_commit=streamer.push if streamer else None,
+        top_k=run.top_k if top_k is None else top_k,
+        top_p=run.top_p if top_p is None else top_p,
+        seed=run.seed if seed is None else seed,
+        on_commit=streamer.push if streamer else None,
     )
     text = _apply_stop_strings(engine.decode(result.tokens), list(run.stop))
     if json_:
-        print_json({
-            "recipe": r.name, "mode": result.mode, "prompt_tokens": result.prompt_tokens, "text": text,
-            "token_ids": result.tokens, "acceptance_lengths": result.accept_lengths, "tau": result.tau,
-            "new_tokens": result.new_tokens, "ttft_s": result.prefill_s, "decode_s": result.decode_s,
-            "decode_tokens_per_s": result.decode_tokens_per_s, "stopped": result.stopped,
-        })
+        print_json(
+            {
+                "recipe": r.name,
+                "mode": result.mode,
+                "prompt_tokens": result.prompt_tokens,
+                "text": text,
+                "token_ids": result.tokens,
+                "acceptance_lengths": result.accept_lengths,
+                "tau": result.tau,
+                "new_tokens": result.new_tokens,
+                "ttft_s": result.prefill_s,
+                "decode_s": result.decode_s,
+                "decode_tokens_per_s": result.decode_tokens_per_s,
+                "stopped": result.stopped,
+            }
+        )
         return
     streamer.finish()
     err_console().print(
         f"{result.new_tokens} new tokens · tau {result.tau:.2f} · {result.decode_tokens_per_s:.1f} tok/s decode · "
         f"TTFT {result.prefill_s * 1000:.0f} ms · {result.mode} · stopped: {result.stopped}",
-        markup=False, highlight=False,
+        markup=False,
+        highlight=False,
     )
 
 

@@ -55,7 +55,9 @@ class Engine:
         backend = recipe.compile.backend
         self.target, self.draft = (_open(backend, artifacts.compile, g, recipe) for g in ("target", "draft"))
         self.provider = getattr(self.target, "provider", backend)
-        self.weight_bytes = {g: _weight_bytes(artifacts.compile, info["graphs"][g]["onnx"]) for g in ("target", "draft")}
+        self.weight_bytes = {
+            g: _weight_bytes(artifacts.compile, info["graphs"][g]["onnx"]) for g in ("target", "draft")
+        }
 
     @classmethod
     def load(cls, recipe: Any, cache: Any) -> Engine:
@@ -101,9 +103,18 @@ class Engine:
                 hint="rebuild with `--set export.logits=true`, or use --temperature 0",
             )
 
-    def generate(self, prompt_ids: list[int], *, mode: str = "dflash", max_new_tokens: int = 128,
-                 temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-                 on_commit=None) -> GenerationResult:
+    def generate(
+        self,
+        prompt_ids: list[int],
+        *,
+        mode: str = "dflash",
+        max_new_tokens: int = 128,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        on_commit=None,
+    ) -> GenerationResult:
         if mode not in MODES:
             raise GenerationError(f"unknown mode {mode!r}", hint=f"one of {', '.join(MODES)}")
         self.check_request(prompt_ids, max_new_tokens, temperature)
@@ -142,8 +153,11 @@ class Engine:
         block = dict(zip(("input_ids", "position_ids"), padded([1] * B, start, B)))
         _, cpos = padded([0] * B, start - B, B)
         draft_feeds = {**block, "context_features": np.zeros((1, B, H), np.float32), "context_position_ids": cpos}
-        return {"t1": timed(lambda: self.target.run(one)), "t_verify": timed(lambda: self.target.run(block)),
-                "t_draft": timed(lambda: self.draft.run(draft_feeds))}
+        return {
+            "t1": timed(lambda: self.target.run(one)),
+            "t_verify": timed(lambda: self.target.run(block)),
+            "t_draft": timed(lambda: self.draft.run(draft_feeds)),
+        }
 
     def verify_cost_curve(self, sizes: tuple[int, ...] = (1, 2, 4, 8, 16), repeats: int = 20) -> dict[int, float]:
         """Median target-call seconds for each number of tokens (how verify cost grows with the block)."""
@@ -175,8 +189,11 @@ def _open(backend: str, compile_dir: Path, graph: str, recipe: Any):
     from dflash_cli.backends.ort import OrtSession, OrtSettings
 
     o = recipe.compile.ort
-    sess = OrtSession(compile_dir / info["graphs"][graph]["onnx"], graph,
-                      OrtSettings(o.intra_op_threads, o.graph_optimization, o.provider))
+    sess = OrtSession(
+        compile_dir / info["graphs"][graph]["onnx"],
+        graph,
+        OrtSettings(o.intra_op_threads, o.graph_optimization, o.provider),
+    )
     if graph == "draft":
         sess.hidden_size = sess._sess.get_inputs()[2].shape[-1]
     return sess

@@ -53,8 +53,9 @@ class _Output:
         return bool(self.stopped)
 
 
-def generate_plain(target: TimedSession, prompt: list[int], prefill_len: int, cfg: LoopConfig,
-                   on_commit=None) -> GenerationResult:
+def generate_plain(
+    target: TimedSession, prompt: list[int], prefill_len: int, cfg: LoopConfig, on_commit=None
+) -> GenerationResult:
     sampler = Sampler(cfg.sampling)
     out = _Output(cfg, on_commit)
     t0 = time.perf_counter()
@@ -70,8 +71,15 @@ def generate_plain(target: TimedSession, prompt: list[int], prefill_len: int, cf
         pos += 1
     t2 = time.perf_counter()
     return GenerationResult(
-        mode="plain", prompt_tokens=len(prompt), tokens=out.tokens, accept_lengths=[1] * max(0, len(out.tokens) - 1),
-        block_size=1, prefill_s=t1 - t0, decode_s=t2 - t1, target_calls=target.calls, target_s=target.seconds,
+        mode="plain",
+        prompt_tokens=len(prompt),
+        tokens=out.tokens,
+        accept_lengths=[1] * max(0, len(out.tokens) - 1),
+        block_size=1,
+        prefill_s=t1 - t0,
+        decode_s=t2 - t1,
+        target_calls=target.calls,
+        target_s=target.seconds,
         stopped=out.stopped,
     )
 
@@ -109,8 +117,9 @@ class DFlashProposer:
                 ctx = np.zeros((1, chunk, part.shape[-1]), dtype=part.dtype)
                 ctx[0, : len(part)] = part
                 _, cpos = padded([0] * len(part), first + s, chunk)
-                result = self.draft.run({"input_ids": ids, "position_ids": bpos, "context_features": ctx,
-                                         "context_position_ids": cpos})
+                result = self.draft.run(
+                    {"input_ids": ids, "position_ids": bpos, "context_features": ctx, "context_position_ids": cpos}
+                )
         self._pending = []
         return [int(t) for t in result["draft_tokens"][0]]
 
@@ -133,8 +142,9 @@ class LookupProposer:
         return list(self.drafter.propose(history))
 
 
-def generate_speculative(target: TimedSession, proposer, prompt: list[int], prefill_len: int, block: int,
-                         cfg: LoopConfig, on_commit=None) -> GenerationResult:
+def generate_speculative(
+    target: TimedSession, proposer, prompt: list[int], prefill_len: int, block: int, cfg: LoopConfig, on_commit=None
+) -> GenerationResult:
     sampler = Sampler(cfg.sampling)
     out = _Output(cfg, on_commit)
     draft_timer = getattr(proposer, "draft", None)
@@ -165,8 +175,16 @@ def generate_speculative(target: TimedSession, proposer, prompt: list[int], pref
         pos += len(committed)
     t2 = time.perf_counter()
     return GenerationResult(
-        mode=proposer.mode, prompt_tokens=len(prompt), tokens=out.tokens, accept_lengths=accepts, block_size=block,
-        prefill_s=t1 - t0, decode_s=t2 - t1, target_calls=target.calls, target_s=target.seconds,
-        draft_calls=draft_timer.calls if draft_timer else 0, draft_s=draft_timer.seconds if draft_timer else 0.0,
+        mode=proposer.mode,
+        prompt_tokens=len(prompt),
+        tokens=out.tokens,
+        accept_lengths=accepts,
+        block_size=block,
+        prefill_s=t1 - t0,
+        decode_s=t2 - t1,
+        target_calls=target.calls,
+        target_s=target.seconds,
+        draft_calls=draft_timer.calls if draft_timer else 0,
+        draft_s=draft_timer.seconds if draft_timer else 0.0,
         stopped=out.stopped,
     )

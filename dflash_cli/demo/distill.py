@@ -9,7 +9,9 @@ import numpy as np
 import torch
 
 
-def prompt_starts(tokens: np.ndarray, newline_ids: set[int], n: int, prompt_len: int, total_len: int, rng) -> np.ndarray:
+def prompt_starts(
+    tokens: np.ndarray, newline_ids: set[int], n: int, prompt_len: int, total_len: int, rng
+) -> np.ndarray:
     """Window starts whose prompt ends right after a newline token (like a real code prompt)."""
     starts = []
     while len(starts) < n:
@@ -21,8 +23,16 @@ def prompt_starts(tokens: np.ndarray, newline_ids: set[int], n: int, prompt_len:
 
 @torch.no_grad()
 def generate_continuations(
-    target, tokens: np.ndarray, newline_ids: set[int], *, n_seqs: int, new_tokens: int, seed: int,
-    out_path: Path, batch_size: int = 64, log=None,
+    target,
+    tokens: np.ndarray,
+    newline_ids: set[int],
+    *,
+    n_seqs: int,
+    new_tokens: int,
+    seed: int,
+    out_path: Path,
+    batch_size: int = 64,
+    log=None,
 ) -> np.ndarray:
     """Greedy continuations, appended batch by batch to a resumable .npy-per-batch store."""
     out_path.mkdir(parents=True, exist_ok=True)
@@ -39,8 +49,13 @@ def generate_continuations(
         starts = prompt_starts(tokens, newline_ids, batch_size, prompt_len, prompt_len + new_tokens, rng)
         prompts = torch.from_numpy(np.stack([tokens[s : s + prompt_len] for s in starts]).astype(np.int64))
         out = target.generate(
-            input_ids=prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=new_tokens,
-            min_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0,
+            input_ids=prompts,
+            attention_mask=torch.ones_like(prompts),
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
         )
         arr = np.concatenate([np.full((len(out), 1), prompt_len, dtype=np.int64), out.numpy()], axis=1)
         tmp = f.with_suffix(".tmp.npy")
@@ -48,5 +63,7 @@ def generate_continuations(
         tmp.replace(f)
         batches.append(arr.astype(np.int32))
         if log:
-            print(json.dumps({"distill_batch": bi + 1, "of": n_batches, "prompt_len": prompt_len}), file=log, flush=True)
+            print(
+                json.dumps({"distill_batch": bi + 1, "of": n_batches, "prompt_len": prompt_len}), file=log, flush=True
+            )
     return batches

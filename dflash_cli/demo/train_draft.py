@@ -23,14 +23,29 @@ from dflash_cli.modeling.draft import DFlashDraft
 
 
 def draft_config(target_cfg: dict, *, layers: int, block_size: int, layer_ids: list[int], mask_id: int) -> dict:
-    keep = ["hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
-            "rms_norm_eps", "rope_parameters", "max_position_embeddings", "vocab_size", "hidden_act"]
+    keep = [
+        "hidden_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "intermediate_size",
+        "rms_norm_eps",
+        "rope_parameters",
+        "max_position_embeddings",
+        "vocab_size",
+        "hidden_act",
+    ]
     cfg = {k: target_cfg[k] for k in keep if k in target_cfg}
     cfg.update(
-        model_type="qwen3", architectures=["DFlashDraftModel"], num_hidden_layers=layers,
-        block_size=block_size, num_target_layers=target_cfg["num_hidden_layers"],
+        model_type="qwen3",
+        architectures=["DFlashDraftModel"],
+        num_hidden_layers=layers,
+        block_size=block_size,
+        num_target_layers=target_cfg["num_hidden_layers"],
         dflash_config={"mask_token_id": mask_id, "target_layer_ids": layer_ids},
-        tie_word_embeddings=False, attention_bias=False, torch_dtype="float32",
+        tie_word_embeddings=False,
+        attention_bias=False,
+        torch_dtype="float32",
         rope_theta=target_cfg.get("rope_parameters", {}).get("rope_theta", 10000.0),
     )
     return cfg
@@ -100,11 +115,26 @@ def main(argv: list[str] | None = None) -> None:
     newline_ids = {i for t, i in tok.get_vocab().items() if t.endswith("Ċ")}
     held_tokens = token_stream(args.target, "heldout", args.work_dir)
     t0 = time.time()
-    train_batches = generate_continuations(target, train_tokens, newline_ids, n_seqs=args.n_seqs,
-                                           new_tokens=args.new_tokens, seed=args.seed,
-                                           out_path=args.work_dir / "distill-train", log=log)
-    held_batches = generate_continuations(target, held_tokens, newline_ids, n_seqs=128, new_tokens=args.new_tokens,
-                                          seed=args.seed + 1, out_path=args.work_dir / "distill-heldout", log=log)
+    train_batches = generate_continuations(
+        target,
+        train_tokens,
+        newline_ids,
+        n_seqs=args.n_seqs,
+        new_tokens=args.new_tokens,
+        seed=args.seed,
+        out_path=args.work_dir / "distill-train",
+        log=log,
+    )
+    held_batches = generate_continuations(
+        target,
+        held_tokens,
+        newline_ids,
+        n_seqs=128,
+        new_tokens=args.new_tokens,
+        seed=args.seed + 1,
+        out_path=args.work_dir / "distill-heldout",
+        log=log,
+    )
     print(json.dumps({"distill_seconds": round(time.time() - t0, 1)}), file=log, flush=True)
 
     cfg = draft_config(tcfg, layers=args.layers, block_size=args.block_size, layer_ids=layer_ids, mask_id=mask_id)
@@ -138,10 +168,14 @@ def main(argv: list[str] | None = None) -> None:
         x = torch.from_numpy(seqs.astype(np.int64))
         with torch.no_grad():
             feats = features(x)
-        ids, pos, labels, visible = block_batch(list(seqs), [pl] * len(seqs), args.anchors, args.block_size, mask_id, rng)
+        ids, pos, labels, visible = block_batch(
+            list(seqs), [pl] * len(seqs), args.anchors, args.block_size, mask_id, rng
+        )
         ctx_pos = torch.arange(x.shape[1])[None].expand(x.shape[0], -1)
         logits = draft(ids, pos, draft.fuse(feats), ctx_pos, visible)
-        ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1), reduction="none")
+        ce = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.size(-1)), labels.reshape(-1), reduction="none"
+        )
         w = weights.repeat(ids.shape[1] // args.block_size)[None].expand_as(ids).reshape(-1)
         loss = (ce * w).sum() / w.sum()
         hit = (logits.argmax(-1) == labels).reshape(-1, args.block_size)[:, 1:]
@@ -180,17 +214,35 @@ def main(argv: list[str] | None = None) -> None:
         elapsed += now - t_last
         t_last = now
         if step % 10 == 0:
-            print(json.dumps({"step": step, "loss": round(loss.item(), 4), "block_tau": round(tau, 3),
-                              "elapsed_s": round(elapsed, 1)}), file=log, flush=True)
+            print(
+                json.dumps(
+                    {
+                        "step": step,
+                        "loss": round(loss.item(), 4),
+                        "block_tau": round(tau, 3),
+                        "elapsed_s": round(elapsed, 1),
+                    }
+                ),
+                file=log,
+                flush=True,
+            )
         if step % 50 == 0 or step == args.steps:
-            checkpoint.save(ckpt_path, {"model": draft.state_dict(), "opt": opt.state_dict(), "step": step, "elapsed": elapsed})
+            checkpoint.save(
+                ckpt_path, {"model": draft.state_dict(), "opt": opt.state_dict(), "step": step, "elapsed": elapsed}
+            )
         if step % 250 == 0:
             print(json.dumps({"step": step, **evaluate()}), file=log, flush=True)
             t_last = time.time()
     save_draft(draft, cfg, args.out)
-    meta = {"steps": step, "train_seconds": round(elapsed, 1), **evaluate(), "n_seqs": args.n_seqs,
-            "params_without_embeddings": sum(p.numel() for n, p in draft.named_parameters()
-                                             if not n.startswith(("embed_tokens", "lm_head")))}
+    meta = {
+        "steps": step,
+        "train_seconds": round(elapsed, 1),
+        **evaluate(),
+        "n_seqs": args.n_seqs,
+        "params_without_embeddings": sum(
+            p.numel() for n, p in draft.named_parameters() if not n.startswith(("embed_tokens", "lm_head"))
+        ),
+    }
     (args.out / "training.json").write_text(json.dumps(meta, indent=2) + "\n")
     print(json.dumps({"done": meta}), file=log, flush=True)
 
@@ -200,8 +252,11 @@ def save_draft(draft: DFlashDraft, cfg: dict, out: Path) -> None:
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
-    sd = {k: v.detach().contiguous() for k, v in draft.state_dict().items()
-          if not k.startswith(("embed_tokens", "lm_head", "rotary"))}
+    sd = {
+        k: v.detach().contiguous()
+        for k, v in draft.state_dict().items()
+        if not k.startswith(("embed_tokens", "lm_head", "rotary"))
+    }
     save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
 

@@ -60,7 +60,9 @@ def heldout_loss(model: torch.nn.Module, tokens: np.ndarray, seq_len: int, max_b
     idx = np.linspace(0, n - 1, num=min(n, max_batches * 8), dtype=np.int64)
     losses = []
     for chunk in np.array_split(idx, max(1, len(idx) // 8)):
-        x = torch.from_numpy(np.stack([tokens[i * seq_len : i * seq_len + seq_len + 1] for i in chunk]).astype(np.int64))
+        x = torch.from_numpy(
+            np.stack([tokens[i * seq_len : i * seq_len + seq_len + 1] for i in chunk]).astype(np.int64)
+        )
         out = model(input_ids=x[:, :-1], labels=x[:, :-1].clone())
         # labels shifted inside HF; equivalent to next-token loss on seq_len-1 positions
         losses.append(out.loss.item())
@@ -126,9 +128,15 @@ def main(argv: list[str] | None = None) -> None:
         elapsed += now - t_last
         t_last = now
         if step % 10 == 0:
-            print(json.dumps({"step": step, "loss": round(loss.item(), 4), "elapsed_s": round(elapsed, 1)}), file=log, flush=True)
+            print(
+                json.dumps({"step": step, "loss": round(loss.item(), 4), "elapsed_s": round(elapsed, 1)}),
+                file=log,
+                flush=True,
+            )
         if step % args.ckpt_every == 0 or step == args.steps:
-            checkpoint.save(ckpt_path, {"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "elapsed": elapsed})
+            checkpoint.save(
+                ckpt_path, {"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "elapsed": elapsed}
+            )
         if step % 400 == 0 or step == args.steps:
             hl = heldout_loss(model, held, args.seq_len)
             print(json.dumps({"step": step, "heldout_loss": round(hl, 4)}), file=log, flush=True)
@@ -138,8 +146,14 @@ def main(argv: list[str] | None = None) -> None:
     model.save_pretrained(str(args.out), safe_serialization=True)
     tok.save_pretrained(str(args.out))
     hl = heldout_loss(model, held, args.seq_len, max_batches=200)
-    meta = {"steps": step, "train_seconds": round(elapsed, 1), "heldout_loss": round(hl, 4), "n_windows": n_windows,
-            "train_tokens": int(len(train)), "params": sum(p.numel() for p in model.parameters())}
+    meta = {
+        "steps": step,
+        "train_seconds": round(elapsed, 1),
+        "heldout_loss": round(hl, 4),
+        "n_windows": n_windows,
+        "train_tokens": int(len(train)),
+        "params": sum(p.numel() for p in model.parameters()),
+    }
     (args.out / "training.json").write_text(json.dumps(meta, indent=2) + "\n")
     print(json.dumps({"done": meta}), file=log, flush=True)
 

@@ -35,8 +35,15 @@ def export_module(
             module = _ExplicitArgs(module, input_names)
             try:
                 program = torch.onnx.export(
-                    module, example_inputs, dynamo=True, opset_version=opset, input_names=input_names,
-                    output_names=output_names, dynamic_shapes=dynamic, optimize=True, verbose=False,
+                    module,
+                    example_inputs,
+                    dynamo=True,
+                    opset_version=opset,
+                    input_names=input_names,
+                    output_names=output_names,
+                    dynamic_shapes=dynamic,
+                    optimize=True,
+                    verbose=False,
                 )
             except Exception as exc:  # the exporter's own error text is the useful part
                 raise DFlashError(
@@ -47,8 +54,14 @@ def export_module(
         else:
             axes = {n: {ax: "seq_len"} for n, ax in symbolic_inputs.items()}
             torch.onnx.export(
-                module, example_inputs, str(path), dynamo=False, opset_version=min(opset, 17),
-                input_names=input_names, output_names=output_names, dynamic_axes=axes,
+                module,
+                example_inputs,
+                str(path),
+                dynamo=False,
+                opset_version=min(opset, 17),
+                input_names=input_names,
+                output_names=output_names,
+                dynamic_axes=axes,
             )
             if external:
                 import onnx

@@ -29,7 +29,8 @@ class Check:
 
     def line(self) -> str:
         mark = "ok" if self.ok else "FAIL"
-        return f"{self.graph:6s} {self.call:18s} {self.output:32s} max|diff| {self.max_diff:.3g} (tol {self.tolerance:.3g}) {mark}"
+        head = f"{self.graph:6s} {self.call:18s} {self.output:32s}"
+        return f"{head} max|diff| {self.max_diff:.3g} (tol {self.tolerance:.3g}) {mark}"
 
     def to_dict(self) -> dict:
         return {**asdict(self), "ok": self.ok}
@@ -39,11 +40,14 @@ def _diff(name: str, got: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
     if np.issubdtype(ref.dtype, np.integer):
         # Token ids: the fraction of positions that disagree must be zero.
         return float(np.mean(got != ref)), 0.0
-    return float(np.max(np.abs(got.astype(np.float64) - ref.astype(np.float64)))), RTOL * max(1.0, float(np.abs(ref).max()))
+    return float(np.max(np.abs(got.astype(np.float64) - ref.astype(np.float64)))), RTOL * max(
+        1.0, float(np.abs(ref).max())
+    )
 
 
-def compare_graph(graph: str, onnx_path: Path, module: torch.nn.Module, calls: list[tuple[str, dict]],
-                  ctx_len: int) -> list[Check]:
+def compare_graph(
+    graph: str, onnx_path: Path, module: torch.nn.Module, calls: list[tuple[str, dict]], ctx_len: int
+) -> list[Check]:
     """Run the same sequence of calls through ONNX Runtime and the module, threading each one's cache."""
     import onnxruntime as ort
 
@@ -62,7 +66,7 @@ def compare_graph(graph: str, onnx_path: Path, module: torch.nn.Module, calls: l
         for name, g, r in zip(out_names, got, ref):
             d, tol = _diff(name, g, r)
             checks.append(Check(graph, label, name, d, tol))
-        past = ref[len(out_names) - len(cache_names):]
+        past = ref[len(out_names) - len(cache_names) :]
     return checks
 
 

@@ -18,7 +18,8 @@ def _load_strict(module, state: dict, what: str) -> None:
     missing, unexpected = module.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise CheckpointError(
-            f"{what} weights do not match the model: missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}",
+            f"{what} weights do not match the model: "
+            f"missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}",
             hint="rebuild from a clean cache: `dflash build --force`",
         )
 

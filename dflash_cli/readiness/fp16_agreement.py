@@ -23,8 +23,13 @@ class Fp16Agreement:
         return self.identical / self.prompts if self.prompts else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"prompts": self.prompts, "identical": self.identical, "rate": self.rate,
-                "nonfinite": self.nonfinite, "first_divergence": self.first_divergence}
+        return {
+            "prompts": self.prompts,
+            "identical": self.identical,
+            "rate": self.rate,
+            "nonfinite": self.nonfinite,
+            "first_divergence": self.first_divergence,
+        }
 
 
 class _Watch:
@@ -43,8 +48,13 @@ class _Watch:
         return out
 
 
-def fp16_agreement(engine: Any, export_dir: Path, prompts: list[list[int]], max_new_tokens: int,
-                   progress: Callable[[int, int], None] | None = None) -> Fp16Agreement:
+def fp16_agreement(
+    engine: Any,
+    export_dir: Path,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    progress: Callable[[int, int], None] | None = None,
+) -> Fp16Agreement:
     """Run greedy DFlash on each prompt with the fp32 engine, then with fp16 graphs, and compare."""
     import json
 
@@ -72,8 +82,9 @@ def fp16_agreement(engine: Any, export_dir: Path, prompts: list[list[int]], max_
                 result.identical += 1
                 result.first_divergence.append(None)
             else:
-                result.first_divergence.append(next((j for j, (a, b) in enumerate(zip(got, ref)) if a != b),
-                                                    min(len(got), len(ref))))
+                result.first_divergence.append(
+                    next((j for j, (a, b) in enumerate(zip(got, ref)) if a != b), min(len(got), len(ref)))
+                )
             if progress:
                 progress(i + 1, len(prompts))
     return result

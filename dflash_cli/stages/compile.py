@@ -70,8 +70,13 @@ def _compile_ort(ctx: StageContext) -> dict[str, Any]:
 def _quantize_int8(src: Path, dst: Path) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    quantize_dynamic(str(src), str(dst), op_types_to_quantize=["MatMul"], weight_type=QuantType.QInt8,
-                     use_external_data_format=src.with_name(src.name + ".data").exists())
+    quantize_dynamic(
+        str(src),
+        str(dst),
+        op_types_to_quantize=["MatMul"],
+        weight_type=QuantType.QInt8,
+        use_external_data_format=src.with_name(src.name + ".data").exists(),
+    )
 
 
 def _smoke(path: Path, gname: str, g: dict, info: dict) -> None:
@@ -85,8 +90,9 @@ def _smoke(path: Path, gname: str, g: dict, info: dict) -> None:
     feeds = {"input_ids": np.zeros((1, B), np.int64), "position_ids": np.arange(P, P + B, dtype=np.int64)[None]}
     if gname == "draft":
         H = sess._sess.get_inputs()[2].shape[-1]
-        feeds.update(context_features=np.zeros((1, B, H), np.float32),
-                     context_position_ids=np.arange(B, dtype=np.int64)[None])
+        feeds.update(
+            context_features=np.zeros((1, B, H), np.float32), context_position_ids=np.arange(B, dtype=np.int64)[None]
+        )
     sess.run(feeds)
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 from typing import Any
 
 from dflash_cli.errors import ExportValidationError, RecipeError
@@ -18,8 +17,14 @@ class ExportStage:
 
     def key_fields(self, recipe: Any) -> dict[str, Any]:
         e = recipe.export
-        return {"ctx_len": e.ctx_len, "prefill_seq_len": e.prefill_seq_len, "opset": e.opset,
-                "exporter": e.exporter, "logits": e.logits, "validate": e.validate_outputs}
+        return {
+            "ctx_len": e.ctx_len,
+            "prefill_seq_len": e.prefill_seq_len,
+            "opset": e.opset,
+            "exporter": e.exporter,
+            "logits": e.logits,
+            "validate": e.validate_outputs,
+        }
 
     def run(self, ctx: StageContext) -> dict[str, Any]:
         import numpy as np
@@ -34,11 +39,15 @@ class ExportStage:
         pair = load_pair_info(src)
         B, P, C = pair["block_size"], e.prefill_seq_len, e.ctx_len
         if P % B:
-            raise RecipeError(f"export.prefill_seq_len ({P}) must be a multiple of the block size ({B})",
-                              hint=f"--set export.prefill_seq_len={max(B, P // B * B)}")
+            raise RecipeError(
+                f"export.prefill_seq_len ({P}) must be a multiple of the block size ({B})",
+                hint=f"--set export.prefill_seq_len={max(B, P // B * B)}",
+            )
         if C < P + 2 * B:
-            raise RecipeError(f"export.ctx_len ({C}) is too small for prefill {P} and block {B}",
-                              hint=f"--set export.ctx_len={P + 2 * B + 64}")
+            raise RecipeError(
+                f"export.ctx_len ({C}) is too small for prefill {P} and block {B}",
+                hint=f"--set export.ctx_len={P + 2 * B + 64}",
+            )
         out = ctx.out_dir
         ctx.progress("loading the injected target and draft")
         target = load_target(src, emit_logits=e.logits)
@@ -54,11 +63,15 @@ class ExportStage:
             export_module(module, example, ins, outs, sym, out / f"{gname}.onnx", opset=e.opset, exporter=e.exporter)
             spec = module.spec if gname == "target" else None
             graphs[gname] = {
-                "onnx": f"{gname}.onnx", "inputs": ins, "outputs": outs,
+                "onnx": f"{gname}.onnx",
+                "inputs": ins,
+                "outputs": outs,
                 "num_layers": spec.num_layers if spec else len(module.draft.layers),
                 "num_kv_heads": spec.kv_heads if spec else module.draft.kv_heads,
                 "head_dim": spec.head_dim if spec else module.draft.head_dim,
-                "seq_lens": {"prefill": P, "verify": B, "decode": 1} if gname == "target" else {"prefill": P, "decode": B},
+                "seq_lens": {"prefill": P, "verify": B, "decode": 1}
+                if gname == "target"
+                else {"prefill": P, "decode": B},
             }
         checks = []
         if e.validate_outputs:
@@ -91,8 +104,13 @@ def _example_inputs(gname: str, module, B: int, P: int, C: int, H: int) -> tuple
     past = module.empty_cache(C)
     if gname == "target":
         return (torch.zeros(1, B, dtype=torch.long), torch.arange(B)[None], *past)
-    return (torch.zeros(1, B, dtype=torch.long), torch.arange(P, P + B)[None], torch.zeros(1, P, H),
-            torch.arange(P)[None], *past)
+    return (
+        torch.zeros(1, B, dtype=torch.long),
+        torch.arange(P, P + B)[None],
+        torch.zeros(1, P, H),
+        torch.arange(P)[None],
+        *past,
+    )
 
 
 def _positions(start: int, n_real: int, length: int):
@@ -109,8 +127,10 @@ def _target_calls(rng, pair: dict, B: int, P: int) -> list[tuple[str, dict]]:
     n = P - 2
     ids = rng.integers(0, V, size=(1, P), dtype="int64")
     block = rng.integers(0, V, size=(1, B), dtype="int64")
-    return [("prefill(padded)", {"input_ids": ids, "position_ids": _positions(0, n, P)}),
-            ("verify", {"input_ids": block, "position_ids": _positions(n, B, B)})]
+    return [
+        ("prefill(padded)", {"input_ids": ids, "position_ids": _positions(0, n, P)}),
+        ("verify", {"input_ids": block, "position_ids": _positions(n, B, B)}),
+    ]
 
 
 def _draft_calls(rng, pair: dict, B: int, P: int) -> list[tuple[str, dict]]:
@@ -120,12 +140,18 @@ def _draft_calls(rng, pair: dict, B: int, P: int) -> list[tuple[str, dict]]:
     n = P - 2
     block = np.full((1, B), mask, dtype=np.int64)
     block[0, 0] = 1
-    first = {"input_ids": block, "position_ids": _positions(n, B, B),
-             "context_features": rng.standard_normal((1, P, H)).astype(np.float32),
-             "context_position_ids": _positions(0, n, P)}
-    second = {"input_ids": block, "position_ids": _positions(n + min(3, B), B, B),
-              "context_features": rng.standard_normal((1, B, H)).astype(np.float32),
-              "context_position_ids": _positions(n, min(3, B), B)}
+    first = {
+        "input_ids": block,
+        "position_ids": _positions(n, B, B),
+        "context_features": rng.standard_normal((1, P, H)).astype(np.float32),
+        "context_position_ids": _positions(0, n, P),
+    }
+    second = {
+        "input_ids": block,
+        "position_ids": _positions(n + min(3, B), B, B),
+        "context_features": rng.standard_normal((1, B, H)).astype(np.float32),
+        "context_position_ids": _positions(n, min(3, B), B),
+    }
     return [("context(prefill)", first), ("context(block)", second)]
 
 
