@@ -67,7 +67,12 @@ MaxSamplesOpt = Annotated[
     ),
 ]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed for the sample choice and for sampling.")]
-MaxNewTokensOpt = Annotated[int, typer.Option("--max-new-tokens", min=1, help="Tokens to generate per turn.")]
+MaxNewTokensOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--max-new-tokens", min=1, help="Tokens to generate per turn (default: the recipe's run.max_new_tokens)."
+    ),
+]
 TemperatureOpt = Annotated[
     float, typer.Option("--temperature", min=0.0, help="0 = greedy (losslessness is checked only then).")
 ]
@@ -116,7 +121,7 @@ def bench_command(
     cache_dir: CacheDirOpt = None,
     max_samples: MaxSamplesOpt = None,
     seed: SeedOpt = 0,
-    max_new_tokens: MaxNewTokensOpt = 256,
+    max_new_tokens: MaxNewTokensOpt = None,
     temperature: TemperatureOpt = 0.0,
     top_k: TopKOpt = 0,
     top_p: TopPOpt = 1.0,
@@ -135,6 +140,10 @@ def bench_command(
     sizes: list[int | None] = _parse_block_sizes(block_sizes) if block_sizes else [None]
     _check_floor_modes(mode_list, min_speedup, min_tau)
     samples = load_dataset(dataset, max_samples=max_samples, seed=seed)  # fail on a bad dataset before building
+    if max_new_tokens is None:
+        from dflash_cli.recipe import load_recipe
+
+        max_new_tokens = load_recipe(recipe, set_ or []).run.max_new_tokens
     settings = BenchSettings(
         dataset=dataset, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed
     )
