@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint format
+.PHONY: install test lint format demo demo-models bench-demo verify-cost
 
 install: $(STAMP)
 
@@ -24,3 +24,20 @@ lint: install
 format: install
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
+
+# The main job: build the shipped demo pair with ONNX Runtime and generate with DFlash.
+demo: install
+	$(VENV)/bin/dflash build --recipe demo
+	$(VENV)/bin/dflash run --recipe demo --prompt "def fibonacci(n):"
+
+# Rebuild tokenizer, target and draft from scratch (fixed seeds; about 2 hours on 2 CPU cores).
+# Resumable: re-running continues from the checkpoints in .demo-work/.
+demo-models: install
+	$(VENV)/bin/python -m dflash_cli.demo.train_target --steps 1600 --threads 2
+	$(VENV)/bin/python -m dflash_cli.demo.train_draft --threads 2
+
+bench-demo: install
+	$(VENV)/bin/dflash bench --recipe demo --dataset humaneval --output benchmarks/results/demo-humaneval.json
+
+verify-cost: install
+	$(VENV)/bin/python benchmarks/verify_cost.py

@@ -41,3 +41,11 @@ def llama_engine(tiny_llama_pair: TinyPair, tmp_path_factory: pytest.TempPathFac
     from tests.engines import open_engine
 
     return open_engine(tiny_llama_pair, tmp_path_factory.mktemp("llama_engine"))
+
+
+@pytest.fixture(scope="session")
+def qwen3_last_layer_engine(tiny_qwen3_pair: TinyPair, tmp_path_factory: pytest.TempPathFactory):
+    """Taps include the target's last layer, whose Hugging Face hidden state is taken after the final norm."""
+    from tests.engines import open_engine
+
+    return open_engine(tiny_qwen3_pair, tmp_path_factory.mktemp("qwen3_last"), dflash={"target_layer_ids": [0, 3]})

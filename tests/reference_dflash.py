@@ -28,14 +28,14 @@ def _rope(x, pos, theta):
 
 
 class EagerDraft:
-    def __init__(self, draft_dir: Path, embed: torch.Tensor, lm_head: torch.Tensor) -> None:
+    def __init__(self, draft_dir: Path, embed: torch.Tensor, lm_head: torch.Tensor, layer_ids=None) -> None:
         self.cfg = json.loads((draft_dir / "config.json").read_text())
         self.sd = load_file(str(draft_dir / "model.safetensors"))
         self.embed, self.lm_head = embed, lm_head
         c = self.cfg
         self.eps = c["rms_norm_eps"]
         self.theta = (c.get("rope_parameters") or {}).get("rope_theta", c.get("rope_theta", 10000.0))
-        self.layer_ids = c["dflash_config"]["target_layer_ids"]
+        self.layer_ids = layer_ids or c["dflash_config"]["target_layer_ids"]
         self.mask_id = c["dflash_config"]["mask_token_id"]
         self.block = c["block_size"]
 
@@ -69,12 +69,15 @@ class EagerDraft:
 
 
 @torch.no_grad()
-def reference_generate(target_dir: Path, draft_dir: Path, prompt: list[int], max_new: int, stop_ids: set[int]):
+def reference_generate(
+    target_dir: Path, draft_dir: Path, prompt: list[int], max_new: int, stop_ids: set[int], layer_ids=None
+):
     """Greedy DFlash; returns (tokens, per-step proposals, per-step acceptance lengths)."""
     from transformers import AutoModelForCausalLM
 
     target = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).eval()
-    draft = EagerDraft(Path(draft_dir), target.get_input_embeddings().weight, target.get_output_embeddings().weight)
+    embed, head = target.get_input_embeddings().weight, target.get_output_embeddings().weight
+    draft = EagerDraft(Path(draft_dir), embed, head, layer_ids)
     out = [int(target(torch.tensor([prompt])).logits[0, -1].argmax())]
     proposals, accepts = [], []
     while len(out) < max_new and out[-1] not in stop_ids:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -32,16 +34,17 @@ def run_toolchain(engine, prompt, max_new):
     return res, proposer.proposals
 
 
-@pytest.mark.parametrize("family", ["qwen3", "llama"])
-def test_per_step_parity_with_eager_reference(family, request):
-    engine = request.getfixturevalue(f"{family}_engine")
-    pair = request.getfixturevalue(f"tiny_{family}_pair")
+@pytest.mark.parametrize("engine_name", ["qwen3_engine", "llama_engine", "qwen3_last_layer_engine"])
+def test_per_step_parity_with_eager_reference(engine_name, request):
+    engine = request.getfixturevalue(engine_name)
+    pair = request.getfixturevalue(f"tiny_{'llama' if 'llama' in engine_name else 'qwen3'}_pair")
+    layer_ids = json.loads((engine.export_dir / "pair.json").read_text())["target_layer_ids"]
     rng = np.random.default_rng(7)
     for n in (3, 9, 17):  # shorter than, equal to about, and longer than the prefill chunk
         prompt = list(map(int, rng.integers(2, engine.tokenizer.vocab_size, size=n)))
         ours, our_props = run_toolchain(engine, prompt, 12)
         ref_tokens, ref_props, ref_acc = reference_generate(
-            pair.target_dir, pair.draft_dir, prompt, 12, set(engine.eos_token_ids)
+            pair.target_dir, pair.draft_dir, prompt, 12, set(engine.eos_token_ids), layer_ids
         )
         assert ours.tokens == ref_tokens
         assert our_props == ref_props

@@ -124,16 +124,19 @@ class StaticCacheTarget(nn.Module):
         slots = torch.arange(ctx_len, device=input_ids.device)
         visible = (slots[None, None, :] <= position_ids[:, :, None])[:, None]  # [b, 1, s, C]
         x = self.model.embed_tokens(input_ids)
-        features, retained = [], []
+        taps, retained = {}, []
+        last = self.spec.num_layers - 1
         for i, layer in enumerate(self.model.layers):
             x, k, v = layer(x, cos, sin, position_ids, visible, past[2 * i], past[2 * i + 1])
             retained += [k, v]
-            if i in self.layer_ids:
-                features.append(x)
-        # Order features as listed in target_layer_ids (the fc's input layout), not by layer index.
-        ordered = [features[sorted(self.layer_ids).index(i)] for i in self.layer_ids]
-        context = self.dflash.hidden_norm(self.dflash.fc(torch.cat(ordered, dim=-1)))
-        logits = self.lm_head(self.model.norm(x))
+            if i in self.layer_ids and i != last:
+                taps[i] = x
+        normed = self.model.norm(x)
+        # The feature of layer i is Hugging Face's hidden_states[i + 1]; for the last layer that entry
+        # is taken after the final norm, and drafts are trained on exactly that.
+        taps[last] = normed
+        context = self.dflash.hidden_norm(self.dflash.fc(torch.cat([taps[i] for i in self.layer_ids], dim=-1)))
+        logits = self.lm_head(normed)
         tokens = torch.argmax(logits, dim=-1)
         head = (tokens, logits, context) if self.emit_logits else (tokens, context)
         return (*head, *retained)
