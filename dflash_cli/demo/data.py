@@ -9,12 +9,14 @@ import numpy as np
 from dflash_cli.demo.corpus import read_text, split_sources
 
 
-def corpus_texts(split: str) -> list[str]:
+def corpus_texts(split: str, max_files: int = 0) -> list[str]:
+    """Texts of a split in deterministic order; `max_files` > 0 keeps only the first files (smoke tests)."""
     files = getattr(split_sources(), split)
+    files = files[:max_files] if max_files else files
     return [t for t in (read_text(p) for p in files) if t]
 
 
-def token_stream(tokenizer_dir: Path, split: str, cache_dir: Path) -> np.ndarray:
+def token_stream(tokenizer_dir: Path, split: str, cache_dir: Path, max_files: int = 0) -> np.ndarray:
     """All files of a split, tokenized and joined with the end-of-text token."""
     cache = cache_dir / f"tokens-{split}.npy"
     if cache.exists():
@@ -23,7 +25,7 @@ def token_stream(tokenizer_dir: Path, split: str, cache_dir: Path) -> np.ndarray
 
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     ids: list[int] = []
-    for text in corpus_texts(split):
+    for text in corpus_texts(split, max_files):
         ids.extend(tok(text)["input_ids"])
         ids.append(tok.eos_token_id)
     arr = np.asarray(ids, dtype=np.uint16)

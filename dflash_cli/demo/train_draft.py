@@ -98,6 +98,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lr", type=float, default=1.5e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--max-files", type=int, default=0, help="only the first N corpus files (smoke tests)")
+    ap.add_argument("--heldout-seqs", type=int, default=128)
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -111,9 +113,9 @@ def main(argv: list[str] | None = None) -> None:
     mask_id = tok.convert_tokens_to_ids("<|mask|>")
     layer_ids = [int(x) for x in args.layer_ids.split(",")]
 
-    train_tokens = token_stream(args.target, "train", args.work_dir)
+    train_tokens = token_stream(args.target, "train", args.work_dir, args.max_files)
     newline_ids = {i for t, i in tok.get_vocab().items() if t.endswith("Ċ")}
-    held_tokens = token_stream(args.target, "heldout", args.work_dir)
+    held_tokens = token_stream(args.target, "heldout", args.work_dir, args.max_files)
     t0 = time.time()
     train_batches = generate_continuations(
         target,
@@ -129,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
         target,
         held_tokens,
         newline_ids,
-        n_seqs=128,
+        n_seqs=args.heldout_seqs,
         new_tokens=args.new_tokens,
         seed=args.seed + 1,
         out_path=args.work_dir / "distill-heldout",

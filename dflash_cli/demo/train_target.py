@@ -38,10 +38,23 @@ TARGET_CONFIG = dict(
 )
 
 
-def build_model(vocab_size: int, eos_id: int) -> torch.nn.Module:
+# A few-second configuration for the smoke test of this training loop.
+SMOKE_CONFIG = dict(
+    TARGET_CONFIG,
+    vocab_size=320,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=6,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=16,
+)
+
+
+def build_model(vocab_size: int, eos_id: int, base: dict = TARGET_CONFIG) -> torch.nn.Module:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    cfg = dict(TARGET_CONFIG, vocab_size=vocab_size, bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id)
+    cfg = dict(base, vocab_size=vocab_size, bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id)
     cfg.pop("model_type")
     return Qwen3ForCausalLM(Qwen3Config(**cfg))
 
@@ -74,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--work-dir", type=Path, default=Path(".demo-work"))
     ap.add_argument("--out", type=Path, default=Path("models/demo-target"))
-    ap.add_argument("--steps", type=int, default=2400)
+    ap.add_argument("--steps", type=int, default=1600)
     ap.add_argument("--batch-size", type=int, default=24)
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--lr", type=float, default=2e-3)
@@ -82,23 +95,26 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--ckpt-every", type=int, default=50)
+    ap.add_argument("--max-files", type=int, default=0, help="only the first N corpus files (smoke tests)")
+    ap.add_argument("--smoke", action="store_true", help="a tiny model, for testing this loop")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
 
     tok_dir = args.work_dir / "tokenizer"
     if not (tok_dir / "tokenizer.json").exists():
-        train_tokenizer(corpus_texts("train"), tok_dir, vocab_size=TARGET_CONFIG["vocab_size"])
+        base = SMOKE_CONFIG if args.smoke else TARGET_CONFIG
+        train_tokenizer(corpus_texts("train", args.max_files), tok_dir, vocab_size=base["vocab_size"])
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(tok_dir))
-    train = token_stream(tok_dir, "train", args.work_dir)
-    held = token_stream(tok_dir, "heldout", args.work_dir)
+    train = token_stream(tok_dir, "train", args.work_dir, args.max_files)
+    held = token_stream(tok_dir, "heldout", args.work_dir, args.max_files)
     log = open(args.work_dir / "target-train.log", "a")
     print(json.dumps({"train_tokens": len(train), "heldout_tokens": len(held)}), file=log, flush=True)
 
     torch.manual_seed(args.seed)
-    model = build_model(len(tok), tok.eos_token_id)
+    model = build_model(len(tok), tok.eos_token_id, SMOKE_CONFIG if args.smoke else TARGET_CONFIG)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
     ckpt_path = args.work_dir / "target-ckpt.pt"
     step, elapsed = 0, 0.0

@@ -1,0 +1,75 @@
+"""Smoke test of the demo-pair training loops: a few steps each, resumable, real output formats."""
+
+from __future__ import annotations
+
+import json
+
+from safetensors import safe_open
+
+
+def test_target_and_draft_training_loops(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from dflash_cli.demo import train_draft, train_target
+
+    work, target, draft = tmp_path / "work", tmp_path / "target", tmp_path / "draft"
+    common = [
+        "--work-dir",
+        str(work),
+        "--out",
+        str(target),
+        "--smoke",
+        "--max-files",
+        "12",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "32",
+        "--ckpt-every",
+        "2",
+        "--warmup",
+        "1",
+        "--threads",
+        "1",
+    ]
+    train_target.main([*common, "--steps", "2"])
+    train_target.main([*common, "--steps", "3"])  # resumes from the step-2 checkpoint
+    meta = json.loads((target / "training.json").read_text())
+    assert meta["steps"] == 3 and meta["heldout_loss"] > 0
+    AutoModelForCausalLM.from_pretrained(str(target))  # plain Hugging Face format
+
+    train_draft.main(
+        [
+            "--work-dir",
+            str(work),
+            "--target",
+            str(target),
+            "--out",
+            str(draft),
+            "--max-files",
+            "12",
+            "--n-seqs",
+            "4",
+            "--heldout-seqs",
+            "4",
+            "--new-tokens",
+            "24",
+            "--steps",
+            "2",
+            "--batch-size",
+            "2",
+            "--anchors",
+            "4",
+            "--block-size",
+            "4",
+            "--threads",
+            "1",
+        ]
+    )
+    cfg = json.loads((draft / "config.json").read_text())
+    assert cfg["architectures"] == ["DFlashDraftModel"] and cfg["block_size"] == 4
+    assert cfg["dflash_config"]["target_layer_ids"] == [1, 3, 5] and cfg["num_target_layers"] == 6
+    with safe_open(str(draft / "model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+    assert {"fc.weight", "hidden_norm.weight", "norm.weight", "layers.0.self_attn.q_proj.weight"} <= keys
+    assert not any(k.startswith(("embed_tokens", "lm_head", "model.")) for k in keys)
