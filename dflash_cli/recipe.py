@@ -67,6 +67,9 @@ class OrtConfig(_Section):
     intra_op_threads: int = Field(default=0, ge=0)  # 0 = ONNX Runtime's default
     graph_optimization: Literal["disable", "basic", "extended", "all"] = "all"
     provider: Literal["auto", "cpu", "cuda"] = "auto"
+    # Idle intra-op threads busy-wait by default; with the target and draft sessions taking turns
+    # on the same cores, spinning threads of one steal the CPU from the other.
+    allow_spinning: bool = False
 
 
 class QaicConfig(_Section):

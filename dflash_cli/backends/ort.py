@@ -28,6 +28,7 @@ class OrtSettings:
     intra_op_threads: int = 0  # 0 = ONNX Runtime's default (one per physical core)
     graph_optimization: str = "all"
     provider: str = "auto"  # auto | cpu | cuda
+    allow_spinning: bool = False  # see OrtConfig.allow_spinning
 
 
 def resolve_provider(requested: str) -> str:
@@ -53,6 +54,7 @@ class OrtSession:
         if settings.intra_op_threads:
             opts.intra_op_num_threads = settings.intra_op_threads
         opts.log_severity_level = 3
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if settings.allow_spinning else "0")
         self.provider = resolve_provider(settings.provider)
         self.name = name
         self._sess = ort.InferenceSession(str(onnx_path), sess_options=opts, providers=[self.provider])

@@ -192,7 +192,7 @@ def _open(backend: str, compile_dir: Path, graph: str, recipe: Any):
     sess = OrtSession(
         compile_dir / info["graphs"][graph]["onnx"],
         graph,
-        OrtSettings(o.intra_op_threads, o.graph_optimization, o.provider),
+        OrtSettings(o.intra_op_threads, o.graph_optimization, o.provider, o.allow_spinning),
     )
     if graph == "draft":
         sess.hidden_size = sess._sess.get_inputs()[2].shape[-1]
