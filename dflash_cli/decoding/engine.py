@@ -48,6 +48,7 @@ class Engine:
         self.prefill_len: int = info["prefill_seq_len"]
         self.emits_logits: bool = info.get("logits", False)
         self.mask_token_id: int = pair["mask_token_id"]
+        self.hidden_size: int = pair["hidden_size"]
         self.eos_token_ids: list[int] = list(pair.get("eos_token_ids") or [])
         self.tokenizer = AutoTokenizer.from_pretrained(str(artifacts.inject / "target"))
         if self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in self.eos_token_ids:
@@ -135,7 +136,7 @@ class Engine:
     def step_times(self, repeats: int = 20) -> dict[str, float]:
         """Median seconds of one plain step, one verify call and one draft call (warm sessions)."""
         B = self.block_size
-        H = self.draft_hidden_size
+        H = self.hidden_size
         self.target.reset()
         self.draft.reset()
         start = 64
@@ -173,10 +174,6 @@ class Engine:
             out[n] = statistics.median(samples)
         return out
 
-    @property
-    def draft_hidden_size(self) -> int:
-        return int(self.draft.hidden_size)
-
 
 def _open(backend: str, compile_dir: Path, graph: str, recipe: Any):
     info = json.loads((compile_dir / "export.json").read_text())
@@ -194,8 +191,6 @@ def _open(backend: str, compile_dir: Path, graph: str, recipe: Any):
         graph,
         OrtSettings(o.intra_op_threads, o.graph_optimization, o.provider, o.allow_spinning),
     )
-    if graph == "draft":
-        sess.hidden_size = sess._sess.get_inputs()[2].shape[-1]
     return sess
 
 

@@ -68,7 +68,6 @@ def fp16_agreement(
         for g in ("target", "draft"):
             path = to_fp16(Path(export_dir) / info["graphs"][g]["onnx"], Path(tmp) / f"{g}.onnx")
             sessions[g] = _Watch(OrtSession(path, g), result.nonfinite)
-        sessions["draft"].hidden_size = engine.draft.hidden_size
         for i, ids in enumerate(prompts):
             engine.target, engine.draft = fp32
             ref = engine.generate(ids, mode="dflash", max_new_tokens=max_new_tokens).tokens
