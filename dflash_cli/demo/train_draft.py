@@ -90,9 +90,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--block-size", type=int, default=8)
     ap.add_argument("--layer-ids", default="1,3,5")
     ap.add_argument("--gamma", type=float, default=4.0)
-    ap.add_argument("--n-seqs", type=int, default=6144)
+    ap.add_argument("--n-seqs", type=int, default=10240)
     ap.add_argument("--new-tokens", type=int, default=160)
-    ap.add_argument("--steps", type=int, default=1500)
+    ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--anchors", type=int, default=16)
     ap.add_argument("--lr", type=float, default=1.5e-3)
@@ -100,6 +100,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--max-files", type=int, default=0, help="only the first N corpus files (smoke tests)")
     ap.add_argument("--heldout-seqs", type=int, default=128)
+    ap.add_argument("--distill-batch", type=int, default=128, help="sequences generated per batch")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -125,6 +126,7 @@ def main(argv: list[str] | None = None) -> None:
         new_tokens=args.new_tokens,
         seed=args.seed,
         out_path=args.work_dir / "distill-train",
+        batch_size=args.distill_batch,
         log=log,
     )
     held_batches = generate_continuations(
@@ -135,6 +137,7 @@ def main(argv: list[str] | None = None) -> None:
         new_tokens=args.new_tokens,
         seed=args.seed + 1,
         out_path=args.work_dir / "distill-heldout",
+        batch_size=args.distill_batch,
         log=log,
     )
     print(json.dumps({"distill_seconds": round(time.time() - t0, 1)}), file=log, flush=True)
