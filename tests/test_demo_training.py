@@ -52,6 +52,8 @@ def test_target_and_draft_training_loops(tmp_path):
             "4",
             "--heldout-seqs",
             "4",
+            "--distill-batch",
+            "4",
             "--new-tokens",
             "24",
             "--steps",
