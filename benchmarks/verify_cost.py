@@ -1,12 +1,14 @@
 """Verify-cost curve, fp32 vs int8, and decode-loop overhead for a ~100M-parameter random target.
 
     .venv/bin/python benchmarks/verify_cost.py [--out benchmarks/results/verify_cost.json]
+    .venv/bin/python benchmarks/verify_cost.py --recipe demo --out benchmarks/results/verify_cost_demo.json
 
 Builds a random Qwen3 target (hidden 768, 12 layers, vocab 32768: ~101M parameters) and a
 random 2-layer DFlash draft through the real pipeline, then measures with ONNX Runtime:
 * median target-call time for 1, 2, 4, 8, 16 tokens (how verify cost grows with the block), fp32 and int8;
 * the decode loop's overhead: wall time not spent inside ONNX Runtime calls, plain and DFlash.
 Random weights accept nothing, so no speedup is claimed here; see `dflash bench` with the demo pair.
+With --recipe, the same measurements run on that recipe's pair instead of the random one.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--block-size", type=int, default=8)
+    ap.add_argument("--recipe", help="measure this recipe's pair instead of a random ~100M target")
     args = ap.parse_args()
 
     import numpy as np
@@ -69,22 +72,31 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="dflash-verify-cost-") as tmp:
         tmp = Path(tmp)
-        target, draft = write_pair(tmp, args.block_size)
-        params = sum(np.prod(s) for s in _shapes(target / "model.safetensors"))
-        recipe_path = tmp / "bench.yaml"
-        recipe_path.write_text(
-            yaml.safe_dump(
-                {
-                    "name": "random-100m",
-                    "family": "qwen3",
-                    "target": {"path": str(target)},
-                    "draft": {"path": str(draft)},
-                    "export": {"ctx_len": 1024, "prefill_seq_len": 64},
-                }
+        if args.recipe:
+            recipe_path = args.recipe
+            target = Path(load_recipe(args.recipe).target.path)
+            cache = Cache()
+        else:
+            target, draft = write_pair(tmp, args.block_size)
+            recipe_path = tmp / "bench.yaml"
+            recipe_path.write_text(
+                yaml.safe_dump(
+                    {
+                        "name": "random-100m",
+                        "family": "qwen3",
+                        "target": {"path": str(target)},
+                        "draft": {"path": str(draft)},
+                        "export": {"ctx_len": 1024, "prefill_seq_len": 64},
+                    }
+                )
             )
-        )
-        cache = Cache(tmp / "cache")
-        report = {"target_params": int(params), "block_size": args.block_size, "repeats": args.repeats}
+            cache = Cache(tmp / "cache")
+        params = sum(np.prod(s) for s in _shapes(target / "model.safetensors"))
+        report = {
+            "target_params": int(params),
+            "recipe": str(recipe_path) if args.recipe else "random-100m",
+            "repeats": args.repeats,
+        }
         engines = {}
         for precision in ("fp32", "int8"):
             recipe = load_recipe(str(recipe_path), [f"compile.ort.precision={precision}"])
@@ -99,8 +111,9 @@ def main() -> None:
         report["step_seconds"] = {p: {str(n): c[n] for n in c} for p, c in curve.items()}
         report["relative_to_t1"] = {p: {str(n): c[n] / c[1] for n in c} for p, c in curve.items()}
         rng = np.random.default_rng(0)
+        vocab = engines["fp32"].tokenizer.vocab_size if args.recipe else 32000
         prompts = [
-            list(map(int, rng.integers(2, 32000, size=int(n)))) for n in rng.integers(16, 200, size=args.prompts)
+            list(map(int, rng.integers(2, vocab, size=int(n)))) for n in rng.integers(16, 200, size=args.prompts)
         ]
         for precision, engine in engines.items():
             for mode in ("plain", "dflash"):
@@ -112,9 +125,10 @@ def main() -> None:
                     "overhead_fraction": sum(r.loop_overhead_s for r in runs) / decode,
                     "tpot_ms_median": 1000 * statistics.median(r.time_per_output_token for r in runs),
                 }
+        report["block_size"] = engines["fp32"].block_size
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"target parameters: {report['target_params'] / 1e6:.1f}M, block {args.block_size}")
+    print(f"target parameters: {report['target_params'] / 1e6:.1f}M, block {report['block_size']}")
     print(f"{'tokens':>6} " + " ".join(f"{p + ' ms':>10} {p + ' x T1':>10}" for p in curve))
     for n in (1, 2, 4, 8, 16):
         print(f"{n:>6} " + " ".join(f"{curve[p][n] * 1000:>10.2f} {curve[p][n] / curve[p][1]:>10.2f}" for p in curve))
