@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--gamma", type=float, default=4.0)
     ap.add_argument("--n-seqs", type=int, default=10240)
     ap.add_argument("--new-tokens", type=int, default=160)
-    ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument("--steps", type=int, default=4000)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--anchors", type=int, default=16)
     ap.add_argument("--lr", type=float, default=1.5e-3)
