@@ -155,12 +155,7 @@ def main(argv: list[str] | None = None) -> None:
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
     ckpt_path = args.work_dir / "draft-ckpt.pt"
-    step, elapsed = 0, 0.0
-    state = checkpoint.load(ckpt_path)
-    if state is not None:
-        draft.load_state_dict(state["model"])
-        opt.load_state_dict(state["opt"])
-        step, elapsed = state["step"], state["elapsed"]
+    step, elapsed = checkpoint.resume(ckpt_path, draft, opt)
 
     groups = [(int(b[0, 0]), b[:, 1:]) for b in train_batches]  # (prompt_len, sequences)
     weights = position_weights(args.block_size, args.gamma)
@@ -232,9 +227,7 @@ def main(argv: list[str] | None = None) -> None:
                 flush=True,
             )
         if step % 50 == 0 or step == args.steps:
-            checkpoint.save(
-                ckpt_path, {"model": draft.state_dict(), "opt": opt.state_dict(), "step": step, "elapsed": elapsed}
-            )
+            checkpoint.save_training(ckpt_path, draft, opt, step, elapsed)
         if step % 250 == 0:
             print(json.dumps({"step": step, **evaluate()}), file=log, flush=True)
             t_last = time.time()

@@ -117,12 +117,7 @@ def main(argv: list[str] | None = None) -> None:
     model = build_model(len(tok), tok.eos_token_id, SMOKE_CONFIG if args.smoke else TARGET_CONFIG)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
     ckpt_path = args.work_dir / "target-ckpt.pt"
-    step, elapsed = 0, 0.0
-    state = checkpoint.load(ckpt_path)
-    if state is not None:
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["opt"])
-        step, elapsed = state["step"], state["elapsed"]
+    step, elapsed = checkpoint.resume(ckpt_path, model, opt)
     n_windows = (len(train) - 1) // args.seq_len
     model.train()
     t_last = time.time()
@@ -150,9 +145,7 @@ def main(argv: list[str] | None = None) -> None:
                 flush=True,
             )
         if step % args.ckpt_every == 0 or step == args.steps:
-            checkpoint.save(
-                ckpt_path, {"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "elapsed": elapsed}
-            )
+            checkpoint.save_training(ckpt_path, model, opt, step, elapsed)
         if step % 400 == 0 or step == args.steps:
             hl = heldout_loss(model, held, args.seq_len)
             print(json.dumps({"step": step, "heldout_loss": round(hl, 4)}), file=log, flush=True)
