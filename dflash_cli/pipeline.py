@@ -173,11 +173,24 @@ def build(
 
 def artifact_path(recipe: Any, cache: Cache, stage: str, stages: Sequence[Stage] | None = None) -> Path:
     """The published artifact of `stage` for this recipe; CacheError naming the build command if absent."""
+    return artifact_paths(recipe, cache, [stage], stages)[stage]
+
+
+def artifact_paths(
+    recipe: Any, cache: Cache, wanted: Sequence[str], stages: Sequence[Stage] | None = None
+) -> dict[str, Path]:
+    """Several published artifacts from one plan (keys, and so checkpoint fingerprints, computed once)."""
     all_stages = _resolve_stages(stages)
     names = [s.name for s in all_stages]
-    _check_stage_name(stage, names)
-    planned = plan(recipe, all_stages[: names.index(stage) + 1])
-    path = cache.lookup(stage, planned[-1].key)
+    for stage in wanted:
+        _check_stage_name(stage, names)
+    last = max(names.index(stage) for stage in wanted)
+    keys = {item.stage.name: item.key for item in plan(recipe, all_stages[: last + 1])}
+    return {stage: _published(recipe, cache, stage, keys[stage]) for stage in wanted}
+
+
+def _published(recipe: Any, cache: Cache, stage: str, key: str) -> Path:
+    path = cache.lookup(stage, key)
     if path is None:
         ref = recipe.name
         source = getattr(recipe, "source", None)

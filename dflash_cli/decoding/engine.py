@@ -62,9 +62,9 @@ class Engine:
 
     @classmethod
     def load(cls, recipe: Any, cache: Any) -> Engine:
-        from dflash_cli.pipeline import artifact_path
+        from dflash_cli.pipeline import artifact_paths
 
-        paths = {s: artifact_path(recipe, cache, s) for s in ("inject", "export", "compile")}
+        paths = artifact_paths(recipe, cache, ("inject", "export", "compile"))
         keys = {s: p.name for s, p in paths.items()}
         return cls(recipe, Artifacts(paths["inject"], paths["export"], paths["compile"], keys))
 
