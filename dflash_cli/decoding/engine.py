@@ -135,44 +135,43 @@ class Engine:
 
     def step_times(self, repeats: int = 20) -> dict[str, float]:
         """Median seconds of one plain step, one verify call and one draft call (warm sessions)."""
-        B = self.block_size
-        H = self.hidden_size
+        B, H = self.block_size, self.hidden_size
         self.target.reset()
         self.draft.reset()
-        start = 64
-
-        def timed(fn) -> float:
-            fn()
-            samples = []
-            for _ in range(repeats):
-                t = time.perf_counter()
-                fn()
-                samples.append(time.perf_counter() - t)
-            return statistics.median(samples)
-
-        one = dict(zip(("input_ids", "position_ids"), padded([1], start, 1)))
-        block = dict(zip(("input_ids", "position_ids"), padded([1] * B, start, B)))
-        _, cpos = padded([0] * B, start - B, B)
+        one, block = _block_feeds(1), _block_feeds(B)
+        _, cpos = padded([0] * B, _TIMING_POSITION - B, B)
         draft_feeds = {**block, "context_features": np.zeros((1, B, H), np.float32), "context_position_ids": cpos}
         return {
-            "t1": timed(lambda: self.target.run(one)),
-            "t_verify": timed(lambda: self.target.run(block)),
-            "t_draft": timed(lambda: self.draft.run(draft_feeds)),
+            "t1": _median_seconds(lambda: self.target.run(one), repeats),
+            "t_verify": _median_seconds(lambda: self.target.run(block), repeats),
+            "t_draft": _median_seconds(lambda: self.draft.run(draft_feeds), repeats),
         }
 
     def verify_cost_curve(self, sizes: tuple[int, ...] = (1, 2, 4, 8, 16), repeats: int = 20) -> dict[int, float]:
         """Median target-call seconds for each number of tokens (how verify cost grows with the block)."""
         out = {}
         for n in sizes:
-            feeds = dict(zip(("input_ids", "position_ids"), padded([1] * n, 64, n)))
-            self.target.run(feeds)
-            samples = []
-            for _ in range(repeats):
-                t = time.perf_counter()
-                self.target.run(feeds)
-                samples.append(time.perf_counter() - t)
-            out[n] = statistics.median(samples)
+            feeds = _block_feeds(n)
+            out[n] = _median_seconds(lambda: self.target.run(feeds), repeats)  # noqa: B023 - called before next n
         return out
+
+
+_TIMING_POSITION = 64  # where timing calls write; any position past the context works
+
+
+def _block_feeds(n: int) -> dict[str, np.ndarray]:
+    return dict(zip(("input_ids", "position_ids"), padded([1] * n, _TIMING_POSITION, n)))
+
+
+def _median_seconds(call, repeats: int) -> float:
+    """Median wall time of `call` after one warm-up call."""
+    call()
+    samples = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        call()
+        samples.append(time.perf_counter() - t)
+    return statistics.median(samples)
 
 
 def _open(backend: str, compile_dir: Path, graph: str, recipe: Any):
