@@ -38,36 +38,29 @@ def test_target_and_draft_training_loops(tmp_path):
     assert meta["steps"] == 3 and meta["heldout_loss"] > 0
     AutoModelForCausalLM.from_pretrained(str(target))  # plain Hugging Face format
 
-    train_draft.main(
-        [
-            "--work-dir",
-            str(work),
-            "--target",
-            str(target),
-            "--out",
-            str(draft),
-            "--max-files",
-            "12",
-            "--n-seqs",
-            "4",
-            "--heldout-seqs",
-            "4",
-            "--distill-batch",
-            "4",
-            "--new-tokens",
-            "24",
-            "--steps",
-            "2",
-            "--batch-size",
-            "2",
-            "--anchors",
-            "4",
-            "--block-size",
-            "4",
-            "--threads",
-            "1",
-        ]
-    )
+    draft_args = [
+        "--max-files",
+        "12",
+        "--n-seqs",
+        "4",
+        "--heldout-seqs",
+        "4",
+        "--distill-batch",
+        "4",
+        "--new-tokens",
+        "24",
+        "--steps",
+        "2",
+        "--batch-size",
+        "2",
+        "--anchors",
+        "4",
+        "--block-size",
+        "4",
+        "--threads",
+        "1",
+    ]
+    train_draft.main(["--work-dir", str(work), "--target", str(target), "--out", str(draft), *draft_args])
     cfg = json.loads((draft / "config.json").read_text())
     assert cfg["architectures"] == ["DFlashDraftModel"] and cfg["block_size"] == 4
     assert cfg["dflash_config"]["target_layer_ids"] == [1, 3, 5] and cfg["num_target_layers"] == 6
@@ -75,3 +68,15 @@ def test_target_and_draft_training_loops(tmp_path):
         keys = set(f.keys())
     assert {"fc.weight", "hidden_norm.weight", "norm.weight", "layers.0.self_attn.q_proj.weight"} <= keys
     assert not any(k.startswith(("embed_tokens", "lm_head", "model.")) for k in keys)
+
+    # Continued runs: the target from its saved weights (fresh optimizer, own checkpoint), the draft warm-started.
+    target2, draft2 = tmp_path / "target2", tmp_path / "draft2"
+    cont = [*common[:2], "--out", str(target2), *common[4:], "--init-from", str(target), "--run-name", "cont"]
+    train_target.main([*cont, "--steps", "1", "--seed", "1"])
+    meta2 = json.loads((target2 / "training.json").read_text())
+    assert meta2["steps"] == 1 and meta2["continued_from"]["steps"] == 3
+    assert meta2["total_train_seconds"] >= meta["train_seconds"]
+    work2 = tmp_path / "work2"  # created by the loop
+    args2 = ["--work-dir", str(work2), "--target", str(target2), "--out", str(draft2), "--init-from", str(draft)]
+    train_draft.main([*args2, *draft_args, "--prompt-lens", "8,12"])
+    assert (draft2 / "model.safetensors").exists()

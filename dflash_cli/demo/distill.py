@@ -32,6 +32,7 @@ def generate_continuations(
     seed: int,
     out_path: Path,
     batch_size: int = 64,
+    prompt_lens: tuple[int, ...] = (16, 32, 48, 64, 96),
     log=None,
 ) -> np.ndarray:
     """Greedy continuations, appended batch by batch to a resumable .npy-per-batch store."""
@@ -45,7 +46,7 @@ def generate_continuations(
             batches.append(np.load(f))
             continue
         rng = np.random.default_rng([seed, bi])
-        prompt_len = int(rng.choice([16, 32, 48, 64, 96]))
+        prompt_len = int(rng.choice(prompt_lens))
         starts = prompt_starts(tokens, newline_ids, batch_size, prompt_len, prompt_len + new_tokens, rng)
         prompts = torch.from_numpy(np.stack([tokens[s : s + prompt_len] for s in starts]).astype(np.int64))
         out = target.generate(

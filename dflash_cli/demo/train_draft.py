@@ -101,11 +101,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-files", type=int, default=0, help="only the first N corpus files (smoke tests)")
     ap.add_argument("--heldout-seqs", type=int, default=128)
     ap.add_argument("--distill-batch", type=int, default=128, help="sequences generated per batch")
+    ap.add_argument(
+        "--prompt-lens", default="16,32,48,64,96", help="corpus prompt lengths (tokens) the continuations start from"
+    )
+    ap.add_argument(
+        "--init-from", type=Path, help="start from this z-lab-format draft (e.g. one trained for an earlier target)"
+    )
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    args.work_dir.mkdir(parents=True, exist_ok=True)
     log = open(args.work_dir / "draft-train.log", "a")
     tok = AutoTokenizer.from_pretrained(str(args.target))
     target = AutoModelForCausalLM.from_pretrained(str(args.target), dtype=torch.float32)
@@ -113,6 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     tcfg = json.loads((args.target / "config.json").read_text())
     mask_id = tok.convert_tokens_to_ids("<|mask|>")
     layer_ids = [int(x) for x in args.layer_ids.split(",")]
+    prompt_lens = tuple(int(x) for x in args.prompt_lens.split(","))
 
     train_tokens = token_stream(args.target, "train", args.work_dir, args.max_files)
     newline_ids = {i for t, i in tok.get_vocab().items() if t.endswith("Ċ")}
@@ -127,6 +135,7 @@ def main(argv: list[str] | None = None) -> None:
         seed=args.seed,
         out_path=args.work_dir / "distill-train",
         batch_size=args.distill_batch,
+        prompt_lens=prompt_lens,
         log=log,
     )
     held_batches = generate_continuations(
@@ -138,6 +147,7 @@ def main(argv: list[str] | None = None) -> None:
         seed=args.seed + 1,
         out_path=args.work_dir / "distill-heldout",
         batch_size=args.distill_batch,
+        prompt_lens=prompt_lens,
         log=log,
     )
     print(json.dumps({"distill_seconds": round(time.time() - t0, 1)}), file=log, flush=True)
@@ -148,6 +158,8 @@ def main(argv: list[str] | None = None) -> None:
     hf_cfg = Qwen3Config(**{k: v for k, v in cfg.items() if k not in ("model_type", "dflash_config")})
     torch.manual_seed(args.seed)
     draft = DFlashDraft(hf_cfg, len(layer_ids), tcfg["vocab_size"])
+    if args.init_from:
+        load_draft_weights(draft, args.init_from)
     draft.embed_tokens.weight.data.copy_(target.get_input_embeddings().weight)
     draft.lm_head.weight.data.copy_(target.get_output_embeddings().weight)
     draft.embed_tokens.requires_grad_(False)
@@ -243,6 +255,16 @@ def main(argv: list[str] | None = None) -> None:
     }
     (args.out / "training.json").write_text(json.dumps(meta, indent=2) + "\n")
     print(json.dumps({"done": meta}), file=log, flush=True)
+
+
+def load_draft_weights(draft: DFlashDraft, path: Path) -> None:
+    """Warm start from a saved draft; embed_tokens / lm_head always come from the current target."""
+    from safetensors.torch import load_file
+
+    missing, unexpected = draft.load_state_dict(load_file(str(path / "model.safetensors")), strict=False)
+    missing = [k for k in missing if not k.startswith(("embed_tokens", "lm_head", "rotary"))]
+    if missing or unexpected:
+        raise SystemExit(f"--init-from {path}: not a draft of this shape (missing {missing}, unexpected {unexpected})")
 
 
 def save_draft(draft: DFlashDraft, cfg: dict, out: Path) -> None:

@@ -97,26 +97,41 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--ckpt-every", type=int, default=50)
     ap.add_argument("--max-files", type=int, default=0, help="only the first N corpus files (smoke tests)")
     ap.add_argument("--smoke", action="store_true", help="a tiny model, for testing this loop")
+    ap.add_argument(
+        "--init-from",
+        type=Path,
+        help="continue from this Hugging Face checkpoint (weights and tokenizer) with a fresh optimizer",
+    )
+    ap.add_argument("--run-name", default="target", help="names this run's checkpoint and log in --work-dir")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
 
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    args.work_dir.mkdir(parents=True, exist_ok=True)
     tok_dir = args.work_dir / "tokenizer"
+    if args.init_from and not (tok_dir / "tokenizer.json").exists():
+        # A continued run must keep the vocabulary its weights were trained with.
+        AutoTokenizer.from_pretrained(str(args.init_from)).save_pretrained(str(tok_dir))
     if not (tok_dir / "tokenizer.json").exists():
         base = SMOKE_CONFIG if args.smoke else TARGET_CONFIG
         train_tokenizer(corpus_texts("train", args.max_files), tok_dir, vocab_size=base["vocab_size"])
-    from transformers import AutoTokenizer
-
     tok = AutoTokenizer.from_pretrained(str(tok_dir))
     train = token_stream(tok_dir, "train", args.work_dir, args.max_files)
     held = token_stream(tok_dir, "heldout", args.work_dir, args.max_files)
-    log = open(args.work_dir / "target-train.log", "a")
+    log = open(args.work_dir / f"{args.run_name}-train.log", "a")
     print(json.dumps({"train_tokens": len(train), "heldout_tokens": len(held)}), file=log, flush=True)
 
     torch.manual_seed(args.seed)
-    model = build_model(len(tok), tok.eos_token_id, SMOKE_CONFIG if args.smoke else TARGET_CONFIG)
+    if args.init_from:
+        model = AutoModelForCausalLM.from_pretrained(str(args.init_from), dtype=torch.float32)
+        before = json.loads((args.init_from / "training.json").read_text())
+    else:
+        model = build_model(len(tok), tok.eos_token_id, SMOKE_CONFIG if args.smoke else TARGET_CONFIG)
+        before = None
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
-    ckpt_path = args.work_dir / "target-ckpt.pt"
+    ckpt_path = args.work_dir / f"{args.run_name}-ckpt.pt"
     step, elapsed = checkpoint.resume(ckpt_path, model, opt)
     n_windows = (len(train) - 1) // args.seq_len
     model.train()
@@ -154,15 +169,21 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(args.out), safe_serialization=True)
     tok.save_pretrained(str(args.out))
-    hl = heldout_loss(model, held, args.seq_len, max_batches=200)
+    # Held-out loss over (at most) 256-token windows stays comparable across runs of different --seq-len.
+    hl = heldout_loss(model, held, min(256, args.seq_len), max_batches=200)
     meta = {
         "steps": step,
+        "seq_len": args.seq_len,
+        "batch_size": args.batch_size,
         "train_seconds": round(elapsed, 1),
         "heldout_loss": round(hl, 4),
         "n_windows": n_windows,
         "train_tokens": int(len(train)),
         "params": sum(p.numel() for p in model.parameters()),
     }
+    if before is not None:
+        meta["continued_from"] = before
+        meta["total_train_seconds"] = round(elapsed + before.get("total_train_seconds", before["train_seconds"]), 1)
     (args.out / "training.json").write_text(json.dumps(meta, indent=2) + "\n")
     print(json.dumps({"done": meta}), file=log, flush=True)
 
