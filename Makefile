@@ -30,18 +30,11 @@ demo: install
 	$(VENV)/bin/dflash build --recipe demo
 	$(VENV)/bin/dflash run --recipe demo --prompt "def fibonacci(n):"
 
-# Rebuild tokenizer, target and draft from scratch (fixed seeds; about 3.5 hours on 2 CPU cores).
-# Resumable: re-running continues from the checkpoints in .demo-work/. Two phases: a first pair at
-# 256-token windows, then the target continued at 512-token windows (HumanEval prompts run past 256)
-# and the draft warm-started and retrained on the continued target's own continuations.
-DEMO_TRAIN := $(VENV)/bin/python -m
+# Rebuild tokenizer, target and draft from scratch (fixed seeds; about 2 hours on 2 CPU cores).
+# Resumable: re-running continues from the checkpoints in .demo-work/.
 demo-models: install
-	$(DEMO_TRAIN) dflash_cli.demo.train_target --steps 1600 --threads 2 --out .demo-work/target-phase1
-	$(DEMO_TRAIN) dflash_cli.demo.train_draft --threads 2 --target .demo-work/target-phase1 --out .demo-work/draft-phase1
-	$(DEMO_TRAIN) dflash_cli.demo.train_target --threads 2 --run-name target-long --init-from .demo-work/target-phase1 \
-	  --steps 1400 --batch-size 12 --seq-len 512 --lr 1e-3 --warmup 50 --seed 1 --out models/demo-target
-	$(DEMO_TRAIN) dflash_cli.demo.train_draft --threads 2 --work-dir .demo-work/draft-long --init-from .demo-work/draft-phase1 \
-	  --n-seqs 16384 --prompt-lens 32,64,96,128,192 --lr 1e-3 --steps 4000 --out models/demo-draft
+	$(VENV)/bin/python -m dflash_cli.demo.train_target --steps 1600 --threads 2
+	$(VENV)/bin/python -m dflash_cli.demo.train_draft --threads 2
 
 bench-demo: install
 	$(VENV)/bin/dflash bench --recipe demo --dataset humaneval --output benchmarks/results/demo-humaneval.json
