@@ -150,7 +150,11 @@ def main(argv: list[str] | None = None) -> None:
         prompt_lens=prompt_lens,
         log=log,
     )
-    print(json.dumps({"distill_seconds": round(time.time() - t0, 1)}), file=log, flush=True)
+    distill_seconds = round(time.time() - t0, 1)
+    print(json.dumps({"distill_seconds": distill_seconds}), file=log, flush=True)
+    distill_meta = args.work_dir / "distill.json"
+    if not distill_meta.exists():  # the first run generated the data; a resumed one only reloads it
+        distill_meta.write_text(json.dumps({"distill_seconds": distill_seconds, "prompt_lens": prompt_lens}) + "\n")
 
     cfg = draft_config(tcfg, layers=args.layers, block_size=args.block_size, layer_ids=layer_ids, mask_id=mask_id)
     from transformers import Qwen3Config
@@ -249,10 +253,13 @@ def main(argv: list[str] | None = None) -> None:
         "train_seconds": round(elapsed, 1),
         **evaluate(),
         "n_seqs": args.n_seqs,
+        **json.loads(distill_meta.read_text()),
         "params_without_embeddings": sum(
             p.numel() for n, p in draft.named_parameters() if not n.startswith(("embed_tokens", "lm_head"))
         ),
     }
+    if args.init_from:
+        meta["continued_from"] = json.loads((args.init_from / "training.json").read_text())
     (args.out / "training.json").write_text(json.dumps(meta, indent=2) + "\n")
     print(json.dumps({"done": meta}), file=log, flush=True)
 
