@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from safetensors import safe_open
 
 
@@ -80,3 +81,19 @@ def test_target_and_draft_training_loops(tmp_path):
     args2 = ["--work-dir", str(work2), "--target", str(target2), "--out", str(draft2), "--init-from", str(draft)]
     train_draft.main([*args2, *draft_args, "--prompt-lens", "8,12"])
     assert (draft2 / "model.safetensors").exists()
+
+
+def test_docstring_prompt_ends():
+    import numpy as np
+
+    from dflash_cli.demo.distill import docstring_ends, prompt_starts
+
+    # token texts as byte-level BPE produces them: a newline may carry the next line's indentation
+    texts = ["def f():", "\n    ", '"""Doc', '."""', "\n    ", "return 1", "\n", '"""', "x", "\n"]
+    tokens = np.arange(len(texts))
+    ends = docstring_ends(tokens, texts)
+    assert ends.tolist() == [4]  # '"""' followed by 'x' is not a line end; '"""Doc' is not a close
+    starts = prompt_starts(tokens, set(), 1, 3, 5, np.random.default_rng(0), ends)
+    assert starts.tolist() == [2]  # the prompt is tokens 2..4 and ends on the docstring's line end
+    with pytest.raises(SystemExit, match="usable prompt ends"):
+        prompt_starts(tokens, set(), 2, 3, 5, np.random.default_rng(0), ends)

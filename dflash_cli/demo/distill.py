@@ -9,10 +9,39 @@ import numpy as np
 import torch
 
 
+def docstring_ends(tokens: np.ndarray, token_texts: list[str]) -> np.ndarray:
+    """Indices of tokens that end a line closing a docstring (`...\"\"\"` + newline).
+
+    A function's signature and docstring is what a HumanEval-style prompt looks like; cutting
+    corpus prompts there shows the draft what the target writes after a docstring.
+    """
+    ends = []
+    for i in range(2, len(tokens)):
+        text = token_texts[tokens[i]]
+        k = text.find("\n")  # byte-level BPE merges the newline with what follows it
+        if k >= 0 and (token_texts[tokens[i - 2]] + token_texts[tokens[i - 1]] + text[:k]).endswith('"""'):
+            ends.append(i)
+    return np.asarray(ends, dtype=np.int64)
+
+
 def prompt_starts(
-    tokens: np.ndarray, newline_ids: set[int], n: int, prompt_len: int, total_len: int, rng
+    tokens: np.ndarray,
+    newline_ids: set[int],
+    n: int,
+    prompt_len: int,
+    total_len: int,
+    rng,
+    ends: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Window starts whose prompt ends right after a newline token (like a real code prompt)."""
+    """Window starts whose prompt ends right after a newline token (like a real code prompt).
+
+    With `ends`, the prompt's last token is drawn from those indices instead.
+    """
+    if ends is not None:
+        ok = ends[(ends >= prompt_len - 1) & (ends + total_len - prompt_len + 1 < len(tokens))]
+        if len(ok) < n:
+            raise SystemExit(f"only {len(ok)} usable prompt ends for a batch of {n}: use --prompt-style newline")
+        return rng.choice(ok, size=n, replace=False) - (prompt_len - 1)
     starts = []
     while len(starts) < n:
         s = int(rng.integers(0, len(tokens) - total_len - 1))
@@ -33,6 +62,7 @@ def generate_continuations(
     out_path: Path,
     batch_size: int = 64,
     prompt_lens: tuple[int, ...] = (16, 32, 48, 64, 96),
+    ends: np.ndarray | None = None,
     log=None,
 ) -> np.ndarray:
     """Greedy continuations, appended batch by batch to a resumable .npy-per-batch store."""
@@ -47,7 +77,7 @@ def generate_continuations(
             continue
         rng = np.random.default_rng([seed, bi])
         prompt_len = int(rng.choice(prompt_lens))
-        starts = prompt_starts(tokens, newline_ids, batch_size, prompt_len, prompt_len + new_tokens, rng)
+        starts = prompt_starts(tokens, newline_ids, batch_size, prompt_len, prompt_len + new_tokens, rng, ends)
         prompts = torch.from_numpy(np.stack([tokens[s : s + prompt_len] for s in starts]).astype(np.int64))
         out = target.generate(
             input_ids=prompts,

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dflash_cli.demo import checkpoint
+from dflash_cli.demo import checkpoint, distill
 from dflash_cli.demo.data import token_stream
 from dflash_cli.demo.distill import generate_continuations
 from dflash_cli.modeling.draft import DFlashDraft
@@ -105,6 +105,12 @@ def main(argv: list[str] | None = None) -> None:
         "--prompt-lens", default="16,32,48,64,96", help="corpus prompt lengths (tokens) the continuations start from"
     )
     ap.add_argument(
+        "--prompt-style",
+        choices=["newline", "docstring"],
+        default="newline",
+        help="where corpus prompts end: any line end, or a line that closes a docstring (HumanEval-like)",
+    )
+    ap.add_argument(
         "--init-from", type=Path, help="start from this z-lab-format draft (e.g. one trained for an earlier target)"
     )
     args = ap.parse_args(argv)
@@ -125,6 +131,10 @@ def main(argv: list[str] | None = None) -> None:
     train_tokens = token_stream(args.target, "train", args.work_dir, args.max_files)
     newline_ids = {i for t, i in tok.get_vocab().items() if t.endswith("Ċ")}
     held_tokens = token_stream(args.target, "heldout", args.work_dir, args.max_files)
+    train_ends = held_ends = None
+    if args.prompt_style == "docstring":
+        texts = [tok.decode([i]) for i in range(len(tok))]
+        train_ends, held_ends = (distill.docstring_ends(t, texts) for t in (train_tokens, held_tokens))
     t0 = time.time()
     train_batches = generate_continuations(
         target,
@@ -136,6 +146,7 @@ def main(argv: list[str] | None = None) -> None:
         out_path=args.work_dir / "distill-train",
         batch_size=args.distill_batch,
         prompt_lens=prompt_lens,
+        ends=train_ends,
         log=log,
     )
     held_batches = generate_continuations(
@@ -148,13 +159,19 @@ def main(argv: list[str] | None = None) -> None:
         out_path=args.work_dir / "distill-heldout",
         batch_size=args.distill_batch,
         prompt_lens=prompt_lens,
+        ends=held_ends,
         log=log,
     )
     distill_seconds = round(time.time() - t0, 1)
     print(json.dumps({"distill_seconds": distill_seconds}), file=log, flush=True)
     distill_meta = args.work_dir / "distill.json"
     if not distill_meta.exists():  # the first run generated the data; a resumed one only reloads it
-        distill_meta.write_text(json.dumps({"distill_seconds": distill_seconds, "prompt_lens": prompt_lens}) + "\n")
+        distill_meta.write_text(
+            json.dumps(
+                {"distill_seconds": distill_seconds, "prompt_lens": prompt_lens, "prompt_style": args.prompt_style}
+            )
+            + "\n"
+        )
 
     cfg = draft_config(tcfg, layers=args.layers, block_size=args.block_size, layer_ids=layer_ids, mask_id=mask_id)
     from transformers import Qwen3Config
