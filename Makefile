@@ -31,10 +31,15 @@ demo: install
 	$(VENV)/bin/dflash run --recipe demo --prompt "def fibonacci(n):"
 
 # Rebuild tokenizer, target and draft from scratch (fixed seeds; about 2 hours on 2 CPU cores).
-# Resumable: re-running continues from the checkpoints in .demo-work/.
+# Resumable: re-running continues from the checkpoints in .demo-work/. The draft is trained in two
+# phases: on continuations of prompts cut at any line end, then warm-started and trained further on
+# continuations of prompts cut where a docstring closes (how HumanEval-style prompts end).
 demo-models: install
 	$(VENV)/bin/python -m dflash_cli.demo.train_target --steps 1600 --threads 2
-	$(VENV)/bin/python -m dflash_cli.demo.train_draft --threads 2
+	$(VENV)/bin/python -m dflash_cli.demo.train_draft --threads 2 --out .demo-work/draft-phase1
+	$(VENV)/bin/python -m dflash_cli.demo.train_draft --threads 2 --work-dir .demo-work/draft-doc \
+	  --init-from .demo-work/draft-phase1 --prompt-style docstring --prompt-lens 64,96,128,192 \
+	  --n-seqs 6144 --lr 1e-3 --steps 2000 --out models/demo-draft
 
 bench-demo: install
 	$(VENV)/bin/dflash bench --recipe demo --dataset humaneval --output benchmarks/results/demo-humaneval.json
