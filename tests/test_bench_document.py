@@ -84,6 +84,8 @@ def test_mode_sections_and_values() -> None:
     assert doc["per_position_acceptance"] == pytest.approx([16 / 20, 8 / 16, 4 / 8])
     # pld accepts 1,2 repeating: 8 steps per sample
     assert doc["pld"]["mean_acceptance_length"] == pytest.approx(12 / 8)
+    # every sample has the same steps, so averaging per sample first changes nothing here
+    assert doc["dflash"]["mean_acceptance_length_per_sample"] == pytest.approx(12 / 5)
     assert doc["pld"]["decode_speedup"] == pytest.approx(0.002 / (0.024 / 12))
     assert doc["baseline"]["ttft_s"] == pytest.approx(0.010)
 

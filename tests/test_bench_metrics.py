@@ -41,6 +41,13 @@ def test_tau_is_committed_over_steps() -> None:
     assert metrics.mean_acceptance_length([_gen(3, 1.0, mode="plain")]) == 1.0
 
 
+def test_per_sample_tau_averages_each_generation_first() -> None:
+    results = [_gen(8, 1.0, [4, 3]), _gen(4, 1.0, [1, 1, 1, 2])]
+    # (7/2 + 5/4) / 2, where the pooled tau is 12/6
+    assert metrics.mean_acceptance_length_per_sample(results) == pytest.approx((3.5 + 1.25) / 2)
+    assert metrics.mean_acceptance_length_per_sample([_gen(3, 1.0, mode="plain")]) == 1.0
+
+
 def test_acceptance_histogram() -> None:
     results = [_gen(9, 1.0, [4, 1, 1]), _gen(9, 1.0, [2, 4])]
     hist = metrics.acceptance_histogram(results, block_size=4)

@@ -1,4 +1,4 @@
-"""Prompt-lookup drafter: latest match, longest n-gram first, padding, exactly block_size - 1 ids."""
+"""Prompt-lookup drafter: latest match, longest n-gram first, periodic copy, exactly block_size - 1 ids."""
 
 from __future__ import annotations
 
@@ -34,10 +34,16 @@ def test_falls_back_to_shorter_ngrams() -> None:
     assert drafter.propose([5, 6, 7, 8, 9, 5]) == [6, 7]
 
 
-def test_pads_a_short_continuation_with_its_last_token() -> None:
+def test_a_short_continuation_goes_on_with_its_period() -> None:
     drafter = PromptLookupDrafter(block_size=6)
-    # (1, 2) matched at 0; only 3, 1, 2 follow before the end
-    assert drafter.propose([1, 2, 3, 1, 2]) == [3, 1, 2, 2, 2]
+    # (1, 2) matched at 0; only 3, 1, 2 follow before the end: the period (3, 1, 2) repeats
+    assert drafter.propose([1, 2, 3, 1, 2]) == [3, 1, 2, 3, 1]
+
+
+def test_a_two_token_loop_fills_the_block() -> None:
+    drafter = PromptLookupDrafter(block_size=8)
+    # the latest match of (4, 200, 4) is two tokens back; the loop continues through the block
+    assert drafter.propose([9, 200, 4, 200, 4, 200, 4]) == [200, 4, 200, 4, 200, 4, 200]
 
 
 def test_no_match_repeats_the_last_committed_token() -> None:

@@ -86,6 +86,7 @@ def mode_summary(
         "loop_overhead_fraction": metrics.loop_overhead_fraction(results),
         "repetition_rate": metrics.median_repetition_rate(results),
         "mean_acceptance_length": metrics.mean_acceptance_length(results),
+        "mean_acceptance_length_per_sample": metrics.mean_acceptance_length_per_sample(results),
     }
     if speculative:
         paired = baseline is not None and len(baseline) == len(results)

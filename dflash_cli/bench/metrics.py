@@ -70,6 +70,16 @@ def mean_acceptance_length(results: Sequence[GenerationResult]) -> float:
     return sum(steps) / len(steps) if steps else 1.0
 
 
+def mean_acceptance_length_per_sample(results: Sequence[GenerationResult]) -> float:
+    """tau averaged per generation first, then over generations (how z-lab's benchmark.py reports it).
+
+    Looping prompts finish in few long steps, so this weighs them more than the pooled tau does;
+    both are reported so numbers compare with either convention.
+    """
+    taus = [sum(r.accept_lengths) / len(r.accept_lengths) for r in results if r.accept_lengths]
+    return statistics.fmean(taus) if taus else 1.0
+
+
 def acceptance_histogram(results: Sequence[GenerationResult], block_size: int) -> dict[str, list]:
     """How many verify steps committed 1..block_size tokens: `lengths`, `counts`, `fractions`."""
     counts = [0] * block_size

@@ -65,7 +65,8 @@ def summary_table(doc: dict[str, Any]) -> Table:
         f"temperature {settings.get('temperature')})",
         title_justify="left",
     )
-    for column in ("mode", "decode tok/s", "TPOT ms", "TTFT ms", "tau", "speedup", "repetition"):
+    # tau pools every verify step; "tau/sample" averages per prompt first (z-lab's convention).
+    for column in ("mode", "decode tok/s", "TPOT ms", "TTFT ms", "tau", "tau/sample", "speedup", "repetition"):
         table.add_column(column, justify="left" if column == "mode" else "right")
     for key, label in _MODE_LABELS.items():
         summary = doc.get(key)
@@ -78,6 +79,7 @@ def summary_table(doc: dict[str, Any]) -> Table:
             _num(summary["tpot_s"], ".2f", 1e3),
             _num(summary["ttft_s"], ".1f", 1e3),
             _num(summary["mean_acceptance_length"], ".2f"),
+            _num(summary.get("mean_acceptance_length_per_sample"), ".2f"),
             _num(speedup, ".2f", suffix="x"),
             _num(summary["repetition_rate"], ".1%"),
         )

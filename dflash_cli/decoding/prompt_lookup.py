@@ -34,26 +34,36 @@ class PromptLookupDrafter:
 
         Tries the longest suffix n-gram first (n = max_ngram .. min_ngram) and takes its latest
         earlier occurrence (the suffix itself excluded): recent context predicts best. The tokens
-        that followed that occurrence are proposed; a short continuation is padded by repeating
-        its last token, and with no match at all every slot repeats `committed[-1]`.
+        that followed that occurrence are proposed. When they run into the end of `committed`, the
+        text since the match is a repeating period, so the copy goes on through the proposal itself
+        (a loop `a b a b` drafts `a b a b ...`, as far as the block reaches). With no match at all
+        every slot repeats `committed[-1]`.
         """
         if not committed:
             raise ValueError("prompt lookup needs at least one committed token")
         want = self.num_proposals
         if want == 0:
             return []
-        proposal = self._lookup(committed, want)
-        pad = proposal[-1] if proposal else committed[-1]
-        return proposal + [pad] * (want - len(proposal))
+        follow = self._match_end(committed)
+        if follow is None:
+            return [committed[-1]] * want
+        # Copy from `follow` on; past the end of `committed` the copy reads its own output, which
+        # continues the period (len(committed) - follow) of the repeated text.
+        proposal: list[int] = []
+        length = len(committed)
+        for i in range(want):
+            j = follow + i
+            proposal.append(committed[j] if j < length else proposal[j - length])
+        return proposal
 
-    def _lookup(self, committed: list[int], want: int) -> list[int]:
+    def _match_end(self, committed: list[int]) -> int | None:
+        """Index just after the best earlier match of a suffix n-gram, or None without one."""
         length = len(committed)
         for n in range(min(self.max_ngram, length - 1), self.min_ngram - 1, -1):
             start = self._latest_earlier_match(committed, n)
             if start is not None:
-                follow = start + n
-                return committed[follow : follow + want]
-        return []
+                return start + n
+        return None
 
     @staticmethod
     def _latest_earlier_match(committed: list[int], n: int) -> int | None:
