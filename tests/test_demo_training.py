@@ -82,6 +82,21 @@ def test_target_and_draft_training_loops(tmp_path):
     train_draft.main([*args2, *draft_args, "--prompt-lens", "8,12"])
     assert (draft2 / "model.safetensors").exists()
 
+    # Unlikelihood fine-tuning of the target: resumable, plain Hugging Face output, lineage recorded.
+    from dflash_cli.demo import unlikelihood
+
+    target3 = tmp_path / "target3"
+    ul = ["--init-from", str(target), "--work-dir", str(tmp_path / "work3"), "--out", str(target3)]
+    ul += ["--max-files", "12", "--ul-batch", "2", "--new-tokens", "12", "--prompt-lens", "8"]
+    ul += ["--mle-batch", "2", "--seq-len", "32", "--ckpt-every", "1", "--threads", "1"]
+    unlikelihood.main([*ul, "--steps", "1"])
+    unlikelihood.main([*ul, "--steps", "2"])  # resumes from the step-1 checkpoint
+    meta3 = json.loads((target3 / "training.json").read_text())
+    assert meta3["steps"] == 2 and meta3["continued_from"]["steps"] == 3 and meta3["heldout_loss"] > 0
+    log = [json.loads(line) for line in (tmp_path / "work3" / "ul-train.log").read_text().splitlines()]
+    assert [r["step"] for r in log if "ul" in r] == [1, 2]
+    AutoModelForCausalLM.from_pretrained(str(target3))
+
 
 def test_docstring_prompt_ends():
     import numpy as np
