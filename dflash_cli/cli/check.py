@@ -66,6 +66,7 @@ def check_command(
         from dflash_cli.bench.datasets import load_dataset
         from dflash_cli.decoding.engine import Engine
         from dflash_cli.readiness.fp16_agreement import fp16_agreement
+        from dflash_cli.readiness.logit_gap import LogitGap
 
         engine = Engine.load(r, cache)
         samples = load_dataset("humaneval", max_samples=fp16_prompts, seed=0)
@@ -78,6 +79,7 @@ def check_command(
             progress=None
             if json_ or not console.is_terminal
             else lambda i, n: console.print(f"fp16 check {i}/{n}", end="\r"),
+            logit_gap=LogitGap(result.path("inject") / "target"),
         )
         doc["fp16"] = agreement.to_dict()
         fp16_ok = agreement.rate >= 0.95 and not agreement.nonfinite
@@ -90,6 +92,14 @@ def check_command(
                 markup=False,
                 highlight=False,
             )
+            if agreement.divergences:
+                ranks = sorted({d["fp16_rank"] for d in agreement.divergences})
+                console.print(
+                    f"  at the first differing token: largest fp32 logit gap "
+                    f"{agreement.to_dict()['max_divergence_gap']:.4f}, fp16 token's fp32 rank(s) {ranks}",
+                    markup=False,
+                    highlight=False,
+                )
     doc["ok"] = ok
     if json_:
         print_json(doc)

@@ -17,6 +17,8 @@ class Fp16Agreement:
     identical: int = 0
     nonfinite: dict[str, int] = field(default_factory=dict)
     first_divergence: list[int | None] = field(default_factory=list)  # per prompt: position or None
+    # per diverging prompt: index, position, both tokens, and (with a gap function) the fp32 logit gap
+    divergences: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def rate(self) -> float:
@@ -29,6 +31,8 @@ class Fp16Agreement:
             "rate": self.rate,
             "nonfinite": self.nonfinite,
             "first_divergence": self.first_divergence,
+            "divergences": self.divergences,
+            "max_divergence_gap": max((d["gap"] for d in self.divergences if "gap" in d), default=None),
         }
 
 
@@ -54,8 +58,13 @@ def fp16_agreement(
     prompts: list[list[int]],
     max_new_tokens: int,
     progress: Callable[[int, int], None] | None = None,
+    logit_gap: Callable[[list[int], int, int], dict[str, Any]] | None = None,
 ) -> Fp16Agreement:
-    """Run greedy DFlash on each prompt with the fp32 engine, then with fp16 graphs, and compare."""
+    """Run greedy DFlash on each prompt with the fp32 engine, then with fp16 graphs, and compare.
+
+    With `logit_gap` (see `readiness.logit_gap.LogitGap`), each divergence also records the fp32
+    logit gap between the two tokens at the first differing position.
+    """
     import json
 
     from dflash_cli.backends.ort import OrtSession
@@ -81,9 +90,13 @@ def fp16_agreement(
                 result.identical += 1
                 result.first_divergence.append(None)
             else:
-                result.first_divergence.append(
-                    next((j for j, (a, b) in enumerate(zip(got, ref)) if a != b), min(len(got), len(ref)))
-                )
+                j = next((j for j, (a, b) in enumerate(zip(got, ref)) if a != b), min(len(got), len(ref)))
+                result.first_divergence.append(j)
+                if j < min(len(got), len(ref)):  # a differing token, not just a different length
+                    d: dict[str, Any] = {"prompt": i, "position": j, "fp32_token": ref[j], "fp16_token": got[j]}
+                    if logit_gap is not None:
+                        d.update(logit_gap(list(ids) + ref[:j], ref[j], got[j]))
+                    result.divergences.append(d)
             if progress:
                 progress(i + 1, len(prompts))
     return result
