@@ -154,7 +154,8 @@ def main(argv: list[str] | None = None) -> None:
         if step % args.ckpt_every == 0 or step == args.steps:
             checkpoint.save_training(ckpt_path, model, opt, step, elapsed)
         if step % 100 == 0:
-            print(json.dumps({"step": step, "heldout_loss": round(heldout_loss(model, held, eval_len, 20), 4)}), file=log)
+            hl = heldout_loss(model, held, eval_len, 20)
+            print(json.dumps({"step": step, "heldout_loss": round(hl, 4)}), file=log, flush=True)
             t_last = time.time()
     args.out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(args.out), safe_serialization=True)
