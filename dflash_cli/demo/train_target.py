@@ -66,6 +66,19 @@ def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
+def next_token_loss(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of predicting x[:, 1:] from x[:, :-1]."""
+    logits = model(input_ids=x[:, :-1]).logits
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), x[:, 1:].reshape(-1))
+
+
+def optimizer_step(model: torch.nn.Module, opt: torch.optim.Optimizer, loss: torch.Tensor) -> None:
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+
+
 @torch.no_grad()
 def heldout_loss(model: torch.nn.Module, tokens: np.ndarray, seq_len: int, max_batches: int = 40) -> float:
     model.eval()
@@ -143,12 +156,8 @@ def main(argv: list[str] | None = None) -> None:
         x = torch.from_numpy(np.stack([train[s : s + args.seq_len + 1] for s in starts]).astype(np.int64))
         for g in opt.param_groups:
             g["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
-        logits = model(input_ids=x[:, :-1]).logits
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), x[:, 1:].reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        loss = next_token_loss(model, x)
+        optimizer_step(model, opt, loss)
         step += 1
         now = time.time()
         elapsed += now - t_last

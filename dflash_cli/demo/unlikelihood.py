@@ -23,7 +23,7 @@ import torch
 
 from dflash_cli.demo import checkpoint, distill
 from dflash_cli.demo.data import token_stream
-from dflash_cli.demo.train_target import heldout_loss
+from dflash_cli.demo.train_target import heldout_loss, next_token_loss, optimizer_step
 
 
 def repeated_ngram_mask(seq: np.ndarray, start: int, n: int) -> np.ndarray:
@@ -137,13 +137,8 @@ def main(argv: list[str] | None = None) -> None:
         ul = unlikelihood_loss(logits, x[:, 1:], torch.from_numpy(mask[:, 1:]).float())
         mstarts = rng.integers(0, len(train) - args.seq_len - 1, size=args.mle_batch)
         w = torch.from_numpy(np.stack([train[s : s + args.seq_len + 1] for s in mstarts]).astype(np.int64))
-        mlogits = model(input_ids=w[:, :-1]).logits
-        mle = torch.nn.functional.cross_entropy(mlogits.reshape(-1, mlogits.size(-1)), w[:, 1:].reshape(-1))
-        loss = mle + args.alpha * ul
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        mle = next_token_loss(model, w)
+        optimizer_step(model, opt, mle + args.alpha * ul)
         step += 1
         now = time.time()
         elapsed += now - t_last
