@@ -96,7 +96,7 @@ def check_command(
                 ranks = sorted({d["fp16_rank"] for d in agreement.divergences})
                 console.print(
                     f"  at the first differing token: largest fp32 logit gap "
-                    f"{agreement.to_dict()['max_divergence_gap']:.4f}, fp16 token's fp32 rank(s) {ranks}",
+                    f"{doc['fp16']['max_divergence_gap']:.4f}, fp16 token's fp32 rank(s) {ranks}",
                     markup=False,
                     highlight=False,
                 )
