@@ -56,6 +56,8 @@ class ExportConfig(_Section):
     prefill_seq_len: int = Field(default=64, gt=0)
     opset: int = Field(default=18, ge=13)
     exporter: Literal["dynamo", "torchscript"] = "dynamo"
+    # Weight and compute dtype of the graphs: fp16 halves the artifact for accelerators that run fp16.
+    dtype: Literal["fp32", "fp16"] = "fp32"
     logits: bool = False
     validate_outputs: bool = Field(default=True, alias="validate")  # `validate` shadows a BaseModel method
 
@@ -63,7 +65,10 @@ class ExportConfig(_Section):
 
 
 class OrtConfig(_Section):
-    precision: Literal["fp32", "int8"] = "fp32"
+    # int8 / int4: weight-only MatMulNBits (block-wise scales along K), so every position's output is
+    # independent of the other tokens in the call and greedy speculative decoding stays lossless.
+    precision: Literal["fp32", "int8", "int4"] = "fp32"
+    block_size: Literal[16, 32, 64, 128, 256] = 32  # quantisation block along K for int8 / int4
     intra_op_threads: int = Field(default=0, ge=0)  # 0 = ONNX Runtime's default
     graph_optimization: Literal["disable", "basic", "extended", "all"] = "all"
     provider: Literal["auto", "cpu", "cuda"] = "auto"

@@ -1,16 +1,102 @@
-"""torch.onnx export with only `seq_len` symbolic (batch 1, static ctx_len), as accelerators want."""
+"""torch.onnx export with only `seq_len` symbolic (batch 1, static ctx_len), as accelerators want.
+
+`export_streamed` (the dynamo exporter) traces a module whose parameters live on the meta device,
+so tracing holds no weights, then streams each initializer from the checkpoint into external data
+(see external_data.py): peak memory is the largest tensor, not the model. `export_module` (the
+TorchScript exporter) needs real weights and is kept for small models and as a fallback.
+"""
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from dflash_cli.errors import DFlashError
+from dflash_cli.exporting.external_data import Initializer, WrittenTensors, write_initializers
 
-# Above this many parameter bytes the graph keeps its weights in a side `.data` file (protobuf's 2 GB cap).
+# Above this many parameter bytes the TorchScript graph keeps its weights in a side `.data` file (protobuf's 2 GB cap).
 EXTERNAL_DATA_BYTES = 1 << 30
+_WRAPPER_PREFIX = "inner."  # _ExplicitArgs holds the module as `inner`
+
+
+def export_streamed(
+    module: torch.nn.Module,
+    example_inputs: tuple[torch.Tensor, ...],
+    input_names: list[str],
+    output_names: list[str],
+    symbolic_inputs: dict[str, int],
+    path: Path,
+    sources: dict[str, Initializer],
+    written: WrittenTensors,
+    *,
+    opset: int = 18,
+    progress: Callable[[int, int, int], None] | None = None,
+) -> int:
+    """Trace `module` (parameters on the meta device) and write `path` + `path.data`; returns data bytes.
+
+    `sources` maps a parameter/buffer name of `module` to the producer of its bytes.
+    """
+    import onnx_ir as ir
+    from onnxscript._framework_apis.torch_2_8 import optimize
+
+    seq = torch.export.Dim("seq_len", min=1, max=8192)
+    dynamic = {_arg(n): ({symbolic_inputs[n]: seq} if n in symbolic_inputs else None) for n in input_names}
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        try:
+            program = torch.onnx.export(
+                _ExplicitArgs(module, input_names),
+                example_inputs,
+                dynamo=True,
+                opset_version=opset,
+                input_names=input_names,
+                output_names=output_names,
+                dynamic_shapes=dynamic,
+                optimize=False,  # folding needs values; it runs below, once weights are lazily readable
+                verbose=False,
+            )
+        except Exception as exc:  # the exporter's own error text is the useful part
+            raise DFlashError(
+                f"ONNX export (dynamo) failed: {str(exc).splitlines()[0][:300]}",
+                hint="DFLASH_DEBUG=1 shows the traceback",
+            ) from exc
+    model = program.model
+    by_graph_name = {}
+    for value in model.graph.initializers.values():
+        name = value.name.removeprefix(_WRAPPER_PREFIX)
+        src = sources.get(name)
+        if src is None:
+            if value.const_value is None or _is_meta(value.const_value):
+                raise DFlashError(f"export: no weights for initializer {name}", hint="this is a dflash bug")
+            continue
+        old = value.const_value
+        value.const_value = ir.LazyTensor(
+            _reader(src, old.dtype, tuple(old.shape)), dtype=old.dtype, shape=old.shape, name=value.name
+        )
+        by_graph_name[value.name] = src
+    optimize(model)
+    nbytes = write_initializers(model, path.parent, path.name + ".data", by_graph_name, written, progress)
+    ir.save(model, str(path))
+    _name_seq_dims(path)
+    return nbytes
+
+
+def _reader(src: Initializer, dtype, shape: tuple[int, ...]):
+    import numpy as np
+    import onnx_ir as ir
+
+    def read():
+        return ir.Tensor(np.frombuffer(src.produce(), dtype=dtype.numpy()).reshape(shape).copy(), dtype=dtype)
+
+    return read
+
+
+def _is_meta(tensor) -> bool:
+    raw = getattr(tensor, "raw", None)
+    return isinstance(raw, torch.Tensor) and raw.is_meta
 
 
 def export_module(
@@ -21,54 +107,30 @@ def export_module(
     symbolic_inputs: dict[str, int],
     path: Path,
     *,
-    opset: int = 18,
-    exporter: str = "dynamo",
+    opset: int = 17,
 ) -> Path:
-    """Export `module`; `symbolic_inputs` maps an input name to the axis that is `seq_len`."""
+    """TorchScript export of a module with real weights; `symbolic_inputs` maps an input to its `seq_len` axis."""
     param_bytes = sum(p.numel() * p.element_size() for p in module.parameters())
     external = param_bytes > EXTERNAL_DATA_BYTES
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
-        if exporter == "dynamo":
-            seq = torch.export.Dim("seq_len", min=1, max=8192)
-            dynamic = {_arg(n): ({symbolic_inputs[n]: seq} if n in symbolic_inputs else None) for n in input_names}
-            module = _ExplicitArgs(module, input_names)
-            try:
-                program = torch.onnx.export(
-                    module,
-                    example_inputs,
-                    dynamo=True,
-                    opset_version=opset,
-                    input_names=input_names,
-                    output_names=output_names,
-                    dynamic_shapes=dynamic,
-                    optimize=True,
-                    verbose=False,
-                )
-            except Exception as exc:  # the exporter's own error text is the useful part
-                raise DFlashError(
-                    f"ONNX export (dynamo) failed: {str(exc).splitlines()[0][:300]}",
-                    hint="retry with `--set export.exporter=torchscript`; DFLASH_DEBUG=1 shows the traceback",
-                ) from exc
-            program.save(str(path), external_data=external)
-        else:
-            axes = {n: {ax: "seq_len"} for n, ax in symbolic_inputs.items()}
-            torch.onnx.export(
-                module,
-                example_inputs,
-                str(path),
-                dynamo=False,
-                opset_version=min(opset, 17),
-                input_names=input_names,
-                output_names=output_names,
-                dynamic_axes=axes,
-            )
-            if external:
-                import onnx
+        axes = {n: {ax: "seq_len"} for n, ax in symbolic_inputs.items()}
+        torch.onnx.export(
+            module,
+            example_inputs,
+            str(path),
+            dynamo=False,
+            opset_version=min(opset, 17),
+            input_names=input_names,
+            output_names=output_names,
+            dynamic_axes=axes,
+        )
+        if external:
+            import onnx
 
-                model = onnx.load(str(path))
-                onnx.save_model(model, str(path), save_as_external_data=True, location=path.name + ".data")
-    _name_seq_dims(path, external)
+            model = onnx.load(str(path))
+            onnx.save_model(model, str(path), save_as_external_data=True, location=path.name + ".data")
+    _name_seq_dims(path)
     return path
 
 
@@ -89,7 +151,7 @@ class _ExplicitArgs(torch.nn.Module):
         self.forward = scope["forward"].__get__(self)
 
 
-def _name_seq_dims(path: Path, external: bool) -> None:
+def _name_seq_dims(path: Path) -> None:
     """Make every symbolic dim of graph inputs/outputs carry the name `seq_len` (dynamo names them s0...)."""
     import onnx
 

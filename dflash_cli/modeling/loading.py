@@ -1,56 +1,132 @@
-"""Instantiate the export-ready modules from an inject artifact (strict key matching)."""
+"""Instantiate the export-ready modules from an inject artifact.
+
+`build_*` makes the module on any device (the meta device for tracing: no weight memory);
+`load_*` fills it with real weights read tensor by tensor (strict key matching); `weight_sources`
+says, for every parameter and buffer name, where its bytes come from, for streamed export.
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import torch
+
 from dflash_cli.errors import CheckpointError
+from dflash_cli.weights import WeightStore
+
+DRAFT_PREFIX = "draft."  # StaticCacheDraft holds the DFlashDraft as `draft`
 
 
-def _hf_config(config_path: Path):
+def _hf_config(config_path: Path, **overrides):
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(str(config_path.parent))
-
-
-def _load_strict(module, state: dict, what: str) -> None:
-    missing, unexpected = module.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise CheckpointError(
-            f"{what} weights do not match the model: "
-            f"missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}",
-            hint="rebuild from a clean cache: `dflash build --force`",
-        )
+    cfg = AutoConfig.from_pretrained(str(config_path.parent))
+    for k, v in overrides.items():
+        setattr(cfg, k, v)
+    return cfg
 
 
 def load_pair_info(artifact_dir: Path) -> dict:
     return json.loads((artifact_dir / "pair.json").read_text())
 
 
-def load_target(artifact_dir: Path, emit_logits: bool = False):
-    """StaticCacheTarget with injected fc/hidden_norm, in eval mode, float32."""
-    from safetensors.torch import load_file
+def target_config(artifact_dir: Path, **overrides):
+    return _hf_config(artifact_dir / "target" / "config.json", **overrides)
 
+
+def draft_config(artifact_dir: Path, **overrides):
+    from transformers import Qwen3Config
+
+    raw = json.loads((artifact_dir / "draft" / "config.json").read_text())
+    drop = ("model_type", "dflash_config", "auto_map", "dtype", "torch_dtype")
+    cfg = Qwen3Config(**{k: v for k, v in raw.items() if k not in drop})
+    for k, v in overrides.items():
+        setattr(cfg, k, v)
+    return cfg
+
+
+def build_target(artifact_dir: Path, emit_logits: bool = False, *, cfg=None, layer_ids=None, device="cpu", dtype=None):
     from dflash_cli.modeling.target import StaticCacheTarget
 
+    cfg = cfg or target_config(artifact_dir)
+    ids = layer_ids if layer_ids is not None else load_pair_info(artifact_dir)["target_layer_ids"]
+    with torch.device(device):
+        model = StaticCacheTarget(cfg, ids, emit_logits=emit_logits).eval()
+    if dtype is not None:
+        model = model.to(dtype)
+    return model
+
+
+def build_draft(artifact_dir: Path, emit_logits: bool = False, *, cfg=None, vocab=None, device="cpu", dtype=None):
+    from dflash_cli.modeling.draft import DFlashDraft, StaticCacheDraft
+
     pair = load_pair_info(artifact_dir)
-    cfg = _hf_config(artifact_dir / "target" / "config.json")
-    model = StaticCacheTarget(cfg, pair["target_layer_ids"], emit_logits=emit_logits)
-    _load_strict(model, load_file(str(artifact_dir / "target" / "model.safetensors")), "target")
-    return model.eval().float()
+    cfg = cfg or draft_config(artifact_dir)
+    with torch.device(device):
+        model = StaticCacheDraft(
+            DFlashDraft(cfg, len(pair["target_layer_ids"]), vocab or pair["vocab_size"]), emit_logits=emit_logits
+        ).eval()
+    if dtype is not None:
+        model = model.to(dtype)
+    return model
+
+
+def fill_weights(module: torch.nn.Module, store: WeightStore, rename=None, *, rows: int | None = None) -> None:
+    """Give every parameter of `module` its checkpoint tensor (float32, or the module's dtype).
+
+    `rename` maps a parameter name to its name in the store; `rows` keeps only the first rows of
+    the vocabulary-sized tensors (a reduced-vocabulary validation twin).
+    """
+    names = [n for n, _ in module.named_parameters()]
+    wanted = {n: (rename(n) if rename else n) for n in names}
+    missing = sorted(n for n, s in wanted.items() if s not in store)
+    if missing:
+        raise CheckpointError(
+            f"weights do not match the model: missing {missing[:5]}",
+            hint="rebuild from a clean cache: `dflash build --force`",
+        )
+    for name, param in list(module.named_parameters()):
+        tensor = store.get(wanted[name], param.dtype)
+        if rows is not None and tensor.shape[0] != param.shape[0] and tensor.shape[1:] == param.shape[1:]:
+            tensor = tensor[:rows].clone()
+        if tuple(tensor.shape) != tuple(param.shape):
+            raise CheckpointError(
+                f"tensor {wanted[name]} has shape {list(tensor.shape)}, the model expects {list(param.shape)}",
+                hint="rebuild from a clean cache: `dflash build --force`",
+            )
+        owner, attr = _owner(module, name)
+        setattr(owner, attr, torch.nn.Parameter(tensor.to(param.dtype), requires_grad=False))
+
+
+def _owner(module: torch.nn.Module, name: str):
+    *path, attr = name.split(".")
+    for p in path:
+        module = getattr(module, p)
+    return module, attr
+
+
+def draft_store_name(name: str) -> str:
+    return name.removeprefix(DRAFT_PREFIX)
+
+
+def load_target(artifact_dir: Path, emit_logits: bool = False):
+    """StaticCacheTarget with injected fc/hidden_norm, in eval mode, float32."""
+    from dflash_cli.modeling.layers import Rotary
+
+    cfg = target_config(artifact_dir)
+    model = build_target(artifact_dir, emit_logits, cfg=cfg, device="meta", dtype=torch.float32)
+    fill_weights(model, WeightStore.open(artifact_dir / "target"))
+    model.rotary = Rotary(cfg)  # rope tables are computed, not loaded
+    return model.eval()
 
 
 def load_draft(artifact_dir: Path):
     """DFlashDraft with injected embed_tokens/lm_head, in eval mode, float32."""
-    from safetensors.torch import load_file
-    from transformers import Qwen3Config
+    from dflash_cli.modeling.layers import Rotary
 
-    from dflash_cli.modeling.draft import DFlashDraft
-
-    pair = load_pair_info(artifact_dir)
-    raw = json.loads((artifact_dir / "draft" / "config.json").read_text())
-    cfg = Qwen3Config(**{k: v for k, v in raw.items() if k not in ("model_type", "dflash_config", "auto_map")})
-    model = DFlashDraft(cfg, len(pair["target_layer_ids"]), pair["vocab_size"])
-    _load_strict(model, load_file(str(artifact_dir / "draft" / "model.safetensors")), "draft")
-    return model.eval().float()
+    cfg = draft_config(artifact_dir)
+    model = build_draft(artifact_dir, cfg=cfg, device="meta", dtype=torch.float32)
+    fill_weights(model, WeightStore.open(artifact_dir / "draft"), draft_store_name)
+    model.draft.rotary = Rotary(cfg)
+    return model.draft.eval()

@@ -1,10 +1,15 @@
-"""Stage `convert`: locate both checkpoints, validate the pair, write normalised float32 copies.
+"""Stage `convert`: locate both checkpoints, validate the pair, publish them without copying weights.
+
+Weights keep the checkpoint's own dtype and files: each safetensors file is hard-linked into the
+artifact (copied only where the filesystem cannot link), and `weights.json` names every tensor the
+later stages read, so a tied lm_head is an alias of the embedding rather than a second copy.
+Nothing here loads a tensor: shapes come from the safetensors headers.
 
 Output layout (names are the contract for `inject`):
-  target/config.json, target/model.safetensors (Hugging Face keys, lm_head.weight always present),
-  target/<generation config and tokenizer files that exist>
+  target/config.json, target/weights.json (Hugging Face keys, lm_head.weight always named),
+  target/<the checkpoint's safetensors files and shard index>, target/<generation config, tokenizer>
   draft/config.json (block_size, num_target_layers, dflash_config resolved),
-  draft/model.safetensors (z-lab keys exactly)
+  draft/weights.json (z-lab keys exactly), draft/<safetensors files>
   pair.json (PairInfo)
 """
 
@@ -13,25 +18,25 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dflash_cli import checkpoints as ckpt
 from dflash_cli.errors import CheckpointError
 from dflash_cli.pair import PAIR_FILE, PairInfo, draft_weight_shapes, resolve_pair
 from dflash_cli.stages.base import StageContext
-
-if TYPE_CHECKING:
-    import torch
+from dflash_cli.weights import WeightStore, link_or_copy, write_index
 
 EMBED_KEY = "model.embed_tokens.weight"
 LM_HEAD_KEY = "lm_head.weight"
 TARGET_DIR = "target"
 DRAFT_DIR = "draft"
+# A target needs one of these to encode prompts; without any, every later `run` would fail.
+TOKENIZER_MARKERS = ("tokenizer.json", "tokenizer.model", "vocab.json")
 
 
 class ConvertStage:
     name = "convert"
-    version = 1
+    version = 2
     upstream: tuple[str, ...] = ()
 
     def key_fields(self, recipe: Any) -> dict[str, Any]:
@@ -55,64 +60,99 @@ class ConvertStage:
         draft_dir = ckpt.resolve_checkpoint_dir(recipe.draft.path, "draft")
         target_cfg = ckpt.load_config(target_dir)
         draft_cfg = ckpt.load_config(draft_dir)
+        _check_tokenizer(target_dir)
 
-        ctx.progress(f"loading target weights from {target_dir}")
-        target_sd = ckpt.load_state_dict(target_dir)
-        embed = target_sd.get(EMBED_KEY)
-        if embed is None:
+        ctx.progress(f"reading target headers from {target_dir}")
+        target = WeightStore.open(target_dir)
+        if EMBED_KEY not in target:
             raise CheckpointError(
                 f"target weights have no {EMBED_KEY}", hint="point target.path at a Hugging Face causal LM checkpoint"
             )
         pair = resolve_pair(
-            target_cfg, draft_cfg, recipe, int(embed.shape[0]), generation_cfg=ckpt.load_generation_config(target_dir)
+            target_cfg,
+            draft_cfg,
+            recipe,
+            int(target.shape(EMBED_KEY)[0]),
+            generation_cfg=ckpt.load_generation_config(target_dir),
         )
-        _complete_lm_head(target_sd, pair)
-        _check_target_layers(target_sd, pair)
+        target_index = {name: (ref.file, ref.key) for name, ref in target.refs.items()}
+        _complete_lm_head(target_index, pair)
+        _check_target_layers(target.names(), pair)
 
-        ctx.progress(f"loading draft weights from {draft_dir}")
-        draft_sd = ckpt.load_state_dict(draft_dir)
-        _check_draft_weights(draft_sd, draft_weight_shapes(draft_cfg, pair))
+        ctx.progress(f"reading draft headers from {draft_dir}")
+        draft = WeightStore.open(draft_dir)
+        _check_draft_weights({n: r.shape for n, r in draft.refs.items()}, draft_weight_shapes(draft_cfg, pair))
 
-        ctx.progress("writing float32 target")
+        ctx.progress("linking target weights")
         out_target = ctx.out_dir / TARGET_DIR
         out_target.mkdir(parents=True)
-        _write_json(out_target / ckpt.CONFIG_FILE, _float32_config(target_cfg))
-        for name in (ckpt.GENERATION_CONFIG_FILE, *ckpt.TOKENIZER_FILES):
+        _write_json(out_target / ckpt.CONFIG_FILE, target_cfg)
+        for name in (ckpt.GENERATION_CONFIG_FILE, ckpt.SHARD_INDEX_FILE, *ckpt.TOKENIZER_FILES):
             if (target_dir / name).is_file():
                 shutil.copyfile(target_dir / name, out_target / name)
-        target_params = _save_float32(target_sd, out_target / ckpt.SINGLE_WEIGHTS_FILE)
+        copied = _link_files(target_dir, target.files(), out_target)
+        write_index(out_target, target_index)
 
-        ctx.progress("writing float32 draft")
+        ctx.progress("linking draft weights")
         out_draft = ctx.out_dir / DRAFT_DIR
         out_draft.mkdir(parents=True)
         _write_json(out_draft / ckpt.CONFIG_FILE, _resolved_draft_config(draft_cfg, pair))
-        draft_params = _save_float32(draft_sd, out_draft / ckpt.SINGLE_WEIGHTS_FILE)
+        copied += _link_files(draft_dir, draft.files(), out_draft)
+        write_index(out_draft, {name: (ref.file, ref.key) for name, ref in draft.refs.items()})
 
         (ctx.out_dir / PAIR_FILE).write_text(pair.to_json(), encoding="utf-8")
         return {
-            "target_params": target_params,
-            "draft_params": draft_params,
-            "dtype": "float32",
+            "target_params": _numel(target, exclude={LM_HEAD_KEY} if pair.tie_word_embeddings else set()),
+            "draft_params": _numel(draft, set()),
+            "dtype": sorted({r.dtype for r in (*target.refs.values(), *draft.refs.values())}),
+            "weight_files_copied": copied,  # 0 when every file could be hard-linked
             "block_size": pair.block_size,
             "target_layer_ids": list(pair.target_layer_ids),
             "mask_token_id": pair.mask_token_id,
         }
 
 
-def _complete_lm_head(target_sd: dict[str, torch.Tensor], pair: PairInfo) -> None:
+def _check_tokenizer(target_dir: Path) -> None:
+    if not any((target_dir / name).is_file() for name in TOKENIZER_MARKERS):
+        raise CheckpointError(
+            f"target checkpoint has no tokenizer files ({', '.join(TOKENIZER_MARKERS)}): {target_dir}",
+            hint="copy the model's tokenizer files into the target directory",
+        )
+
+
+def _link_files(src_dir: Path, files: list[str], out_dir: Path) -> int:
+    copied = 0
+    for name in files:
+        if link_or_copy(src_dir / name, out_dir / name) == "copy":
+            copied += 1
+    return copied
+
+
+def _numel(store: WeightStore, exclude: set[str]) -> int:
+    total = 0
+    for name, ref in store.refs.items():
+        if name not in exclude:
+            n = 1
+            for d in ref.shape:
+                n *= d
+            total += n
+    return total
+
+
+def _complete_lm_head(index: dict[str, tuple[str, str]], pair: PairInfo) -> None:
     # Later stages (inject, export) always find lm_head.weight; tied checkpoints omit it on disk.
-    if LM_HEAD_KEY in target_sd:
+    if LM_HEAD_KEY in index:
         return
     if not pair.tie_word_embeddings:
         raise CheckpointError(
             f"target weights have no {LM_HEAD_KEY} and tie_word_embeddings is false",
             hint="the target checkpoint is incomplete; download it again",
         )
-    target_sd[LM_HEAD_KEY] = target_sd[EMBED_KEY].clone()  # a copy: safetensors rejects shared storage
+    index[LM_HEAD_KEY] = index[EMBED_KEY]  # an alias of the same stored tensor, not a copy
 
 
-def _check_target_layers(target_sd: dict[str, torch.Tensor], pair: PairInfo) -> None:
-    present = {int(k.split(".")[2]) for k in target_sd if k.startswith("model.layers.")}
+def _check_target_layers(names: list[str], pair: PairInfo) -> None:
+    present = {int(k.split(".")[2]) for k in names if k.startswith("model.layers.")}
     missing = sorted(set(range(pair.num_target_layers)) - present)
     if missing:
         raise CheckpointError(
@@ -121,9 +161,9 @@ def _check_target_layers(target_sd: dict[str, torch.Tensor], pair: PairInfo) -> 
         )
 
 
-def _check_draft_weights(draft_sd: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...]]) -> None:
-    missing = sorted(set(expected) - set(draft_sd))
-    unexpected = sorted(set(draft_sd) - set(expected))
+def _check_draft_weights(shapes: dict[str, tuple[int, ...]], expected: dict[str, tuple[int, ...]]) -> None:
+    missing = sorted(set(expected) - set(shapes))
+    unexpected = sorted(set(shapes) - set(expected))
     if missing or unexpected:
         parts = []
         if missing:
@@ -137,7 +177,7 @@ def _check_draft_weights(draft_sd: dict[str, torch.Tensor], expected: dict[str, 
             if prefixed
             else "use a z-lab format DFlash draft whose config matches its weights",
         )
-    wrong = [(k, tuple(draft_sd[k].shape), s) for k, s in expected.items() if tuple(draft_sd[k].shape) != s]
+    wrong = [(k, tuple(shapes[k]), s) for k, s in expected.items() if tuple(shapes[k]) != s]
     if wrong:
         key, got, want = wrong[0]
         raise CheckpointError(
@@ -149,7 +189,7 @@ def _check_draft_weights(draft_sd: dict[str, torch.Tensor], expected: dict[str, 
 
 
 def _resolved_draft_config(draft_cfg: dict[str, Any], pair: PairInfo) -> dict[str, Any]:
-    cfg = _float32_config(draft_cfg)
+    cfg = dict(draft_cfg)
     cfg["block_size"] = pair.block_size
     cfg["num_target_layers"] = pair.num_target_layers
     cfg["dflash_config"] = {
@@ -158,25 +198,6 @@ def _resolved_draft_config(draft_cfg: dict[str, Any], pair: PairInfo) -> dict[st
         "target_layer_ids": list(pair.target_layer_ids),
     }
     return cfg
-
-
-def _float32_config(cfg: dict[str, Any]) -> dict[str, Any]:
-    # The weights are rewritten in float32, so the config must not claim bf16 any more.
-    out = dict(cfg)
-    for key in ("dtype", "torch_dtype"):
-        if key in out:
-            out[key] = "float32"
-    return out
-
-
-def _save_float32(tensors: dict[str, torch.Tensor], path: Path) -> int:
-    import torch
-
-    for key, value in tensors.items():  # in place, so each original-dtype tensor is freed as we go
-        if value.is_floating_point():
-            tensors[key] = value.to(torch.float32)
-    ckpt.save_state_dict(tensors, path)
-    return sum(v.numel() for v in tensors.values())
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:

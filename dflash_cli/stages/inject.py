@@ -6,8 +6,10 @@
   The draft keeps its own unscaled `fc`/`hidden_norm`, so it stays a complete z-lab draft that a
   PyTorch reference can run unchanged.
 
-Same file names as `convert`; pair.json gains `fc_scale`. Every injected tensor is checked on disk
-after writing: a missing one would silently pin acceptance at 1.00.
+No weight is copied: both directories hard-link convert's files and `weights.json` aliases the draft's
+`embed_tokens` / `lm_head` to the target's stored tensors; only `target/dflash.safetensors` (fc and
+hidden_norm, float32) is new. pair.json gains `fc_scale`. Every injected tensor is checked through
+the written index after writing: a missing one would silently pin acceptance at 1.00.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dflash_cli.errors import CheckpointError
 from dflash_cli.pair import PAIR_FILE, PairInfo
 from dflash_cli.stages.base import StageContext
 from dflash_cli.stages.convert import DRAFT_DIR, EMBED_KEY, LM_HEAD_KEY, TARGET_DIR
+from dflash_cli.weights import WEIGHTS_INDEX, WeightStore, link_or_copy, write_index
 
 if TYPE_CHECKING:
     import torch
@@ -31,6 +34,8 @@ DRAFT_EMBED_KEY = "embed_tokens.weight"
 DRAFT_LM_HEAD_KEY = "lm_head.weight"
 TARGET_FC_KEY = "dflash.fc.weight"
 TARGET_HIDDEN_NORM_KEY = "dflash.hidden_norm.weight"
+INJECTED_FILE = "dflash.safetensors"  # the only new weight bytes inject writes
+SHARED_PREFIX = "target."  # the target's files, hard-linked into the draft for its embedding / lm_head
 FP16_HEADROOM = 128.0  # QEfficient's target bound for |fc output| per unit of feature magnitude
 
 
@@ -55,53 +60,84 @@ def fused_context(
 
 class InjectStage:
     name = "inject"
-    version = 1
+    version = 2
     upstream: tuple[str, ...] = ("convert",)
 
     def key_fields(self, recipe: Any) -> dict[str, Any]:
         return {}  # everything inject reads comes through the convert artifact and its key
 
     def run(self, ctx: StageContext) -> dict[str, Any]:
+        import torch
+
         src = ctx.inputs["convert"]
         pair = PairInfo.from_json((src / PAIR_FILE).read_text(encoding="utf-8"))
-        ctx.progress("loading converted weights")
-        target_sd = ckpt.load_state_dict(src / TARGET_DIR)
-        draft_sd = ckpt.load_state_dict(src / DRAFT_DIR)
+        target = _open(src / TARGET_DIR, "target")
+        draft = _open(src / DRAFT_DIR, "draft")
+        for store, key, role in ((target, EMBED_KEY, "target"), (draft, "fc.weight", "draft")):
+            _required(store, key, role)
+        _required(draft, "hidden_norm.weight", "draft")
+        lm_head = LM_HEAD_KEY if LM_HEAD_KEY in target else EMBED_KEY  # convert names it; tied fallback anyway
 
-        embed = _required(target_sd, EMBED_KEY, "target")
-        lm_head = target_sd.get(LM_HEAD_KEY, embed)  # convert materialises it; tied fallback anyway
-        fc = _required(draft_sd, "fc.weight", "draft")
-        hidden_norm = _required(draft_sd, "hidden_norm.weight", "draft")
-
+        # Only the small fused-context weights are new bytes; fc stays float32 (its division is not
+        # representable in the checkpoint's bf16 without a second rounding).
+        fc = draft.get("fc.weight", torch.float32)
         scale = fc_scale(fc)
-        draft_sd[DRAFT_EMBED_KEY] = embed.clone()  # clones: safetensors rejects shared storage
-        draft_sd[DRAFT_LM_HEAD_KEY] = lm_head.clone()
-        target_sd[TARGET_FC_KEY] = fc / scale
-        target_sd[TARGET_HIDDEN_NORM_KEY] = hidden_norm.clone()
+        out_target, out_draft = ctx.out_dir / TARGET_DIR, ctx.out_dir / DRAFT_DIR
+        out_target.mkdir(parents=True)
+        out_draft.mkdir(parents=True)
+        ctx.progress(f"writing fused-context weights (fc scaled by 1/{scale:.4g})")
+        ckpt.save_state_dict(
+            {TARGET_FC_KEY: fc / scale, TARGET_HIDDEN_NORM_KEY: draft.get("hidden_norm.weight", torch.float32)},
+            out_target / INJECTED_FILE,
+        )
+        del fc
 
-        ctx.progress(f"writing injected pair (fc scaled by 1/{scale:.4g})")
-        for role, sd in ((TARGET_DIR, target_sd), (DRAFT_DIR, draft_sd)):
-            out = ctx.out_dir / role
-            out.mkdir(parents=True)
-            _copy_side_files(src / role, out)
-            ckpt.save_state_dict(sd, out / ckpt.SINGLE_WEIGHTS_FILE)
+        ctx.progress("linking target and draft weights")
+        target_index = _link_all(target, src / TARGET_DIR, out_target)
+        target_index[TARGET_FC_KEY] = (INJECTED_FILE, TARGET_FC_KEY)
+        target_index[TARGET_HIDDEN_NORM_KEY] = (INJECTED_FILE, TARGET_HIDDEN_NORM_KEY)
+        write_index(out_target, target_index)
+        _copy_side_files(src / TARGET_DIR, out_target)
+
+        draft_index = _link_all(draft, src / DRAFT_DIR, out_draft)
+        # The draft's embedding and lm_head are the target's tensors: link the target's files under a
+        # prefix (draft and target may both call a file model.safetensors) and alias the names.
+        for name, key in ((DRAFT_EMBED_KEY, EMBED_KEY), (DRAFT_LM_HEAD_KEY, lm_head)):
+            ref = target.refs[key]
+            linked = SHARED_PREFIX + ref.file
+            if not (out_draft / linked).exists():
+                link_or_copy(src / TARGET_DIR / ref.file, out_draft / linked)
+            draft_index[name] = (linked, ref.key)
+        write_index(out_draft, draft_index)
+        _copy_side_files(src / DRAFT_DIR, out_draft)
+
         pair = replace(pair, fc_scale=scale)
         (ctx.out_dir / PAIR_FILE).write_text(pair.to_json(), encoding="utf-8")
-
         expected = _expected_injected(pair)
         _verify(ctx.out_dir, expected)
         return {"fc_scale": scale, "injected": {role: sorted(keys) for role, keys in expected.items()}}
 
 
-def _required(sd: dict[str, torch.Tensor], key: str, role: str) -> torch.Tensor:
-    if key not in sd:
+def _open(path: Path, role: str) -> WeightStore:
+    if not (path / WEIGHTS_INDEX).is_file():
+        raise CheckpointError(f"converted {role} has no {WEIGHTS_INDEX}", hint="rebuild the convert stage")
+    return WeightStore.open(path)
+
+
+def _link_all(store: WeightStore, src: Path, out: Path) -> dict[str, tuple[str, str]]:
+    for name in store.files():
+        link_or_copy(src / name, out / name)
+    return {name: (ref.file, ref.key) for name, ref in store.refs.items()}
+
+
+def _required(store: WeightStore, key: str, role: str) -> None:
+    if key not in store:
         raise CheckpointError(f"converted {role} has no {key}", hint="rebuild the convert stage")
-    return sd[key]
 
 
 def _copy_side_files(src: Path, dst: Path) -> None:
     for path in sorted(src.iterdir()):
-        if path.is_file() and not path.name.endswith(".safetensors"):
+        if path.is_file() and not path.name.endswith(".safetensors") and not (dst / path.name).exists():
             shutil.copyfile(path, dst / path.name)
 
 
@@ -116,9 +152,10 @@ def _expected_injected(pair: PairInfo) -> dict[str, dict[str, tuple[int, ...]]]:
 
 
 def _verify(out_dir: Path, expected: dict[str, dict[str, tuple[int, ...]]]) -> None:
-    """Re-read the written headers: every injected tensor must be there with its shape."""
+    """Re-read the written index and headers: every injected tensor must be there with its shape."""
     for role, tensors in expected.items():
-        shapes = ckpt.tensor_shapes(out_dir / role / ckpt.SINGLE_WEIGHTS_FILE)
+        store = WeightStore.open(out_dir / role)
+        shapes = {name: ref.shape for name, ref in store.refs.items()}
         for key, shape in tensors.items():
             if shapes.get(key) != shape:
                 got = "missing" if key not in shapes else f"shape {list(shapes[key])}"

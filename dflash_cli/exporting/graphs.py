@@ -1,0 +1,189 @@
+"""Trace the target and draft graphs on the meta device and stream their weights from the inject artifact.
+
+`export_pair` writes target.onnx(+.data) and draft.onnx(+.data) into one directory. The draft's
+embedding and lm_head are the target's tensors, so draft.onnx references them inside
+target.onnx.data: one copy on disk. `rows` (a reduced vocabulary) and the configs passed in let the
+validation twin go through exactly the same code.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dflash_cli.exporting.external_data import Initializer, WrittenTensors
+from dflash_cli.exporting.torch_to_onnx import export_streamed
+from dflash_cli.weights import WeightStore
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class PairShape:
+    block: int
+    prefill: int
+    ctx_len: int
+    hidden: int
+
+
+def export_pair(
+    src: Path,
+    out: Path,
+    shape: PairShape,
+    *,
+    dtype: torch.dtype,
+    logits: bool,
+    opset: int,
+    progress: Callable[[str], None],
+    target_cfg=None,
+    draft_cfg=None,
+    layer_ids: list[int] | None = None,
+    rows: int | None = None,
+) -> dict[str, Any]:
+    """Export both graphs; returns per-graph facts (io names, layers, heads, bytes written, seconds)."""
+    from dflash_cli.modeling.layers import Rotary
+    from dflash_cli.modeling.loading import build_draft, build_target, draft_config, draft_store_name, target_config
+
+    target_cfg = target_cfg or target_config(src)
+    draft_cfg = draft_cfg or draft_config(src)
+    target = build_target(src, logits, cfg=target_cfg, layer_ids=layer_ids, device="meta", dtype=dtype)
+    draft = build_draft(src, logits, cfg=draft_cfg, vocab=rows, device="meta", dtype=dtype)
+    written = WrittenTensors()
+    graphs: dict[str, Any] = {}
+    for gname, module, store, rename, rope_cfg, sym in (
+        ("target", target, WeightStore.open(src / "target"), None, target_cfg, {"input_ids": 1, "position_ids": 1}),
+        (
+            "draft",
+            draft,
+            WeightStore.open(src / "draft"),
+            draft_store_name,
+            draft_cfg,
+            {"context_features": 1, "context_position_ids": 1},
+        ),
+    ):
+        rope_name = "rotary.inv_freq" if gname == "target" else "draft.rotary.inv_freq"
+        sources = _sources(module, store, rename, dtype, rows)
+        sources[rope_name] = _constant(Rotary(rope_cfg).inv_freq.float())
+        _keep_rope_float32(module)
+        ins, outs = module.io_names()
+        example = _example_inputs(gname, module, shape, dtype)
+        t0 = time.perf_counter()
+        report = _Throttled(progress, gname)
+        nbytes = export_streamed(
+            module, example, ins, outs, sym, out / f"{gname}.onnx", sources, written, opset=opset, progress=report
+        )
+        graphs[gname] = {
+            **graph_facts(gname, module, shape),
+            "data_bytes": nbytes,
+            "seconds": round(time.perf_counter() - t0, 2),
+        }
+        store.close()
+    return graphs
+
+
+def graph_facts(gname: str, module, shape: PairShape) -> dict[str, Any]:
+    """What export.json records of one graph (io names, cache geometry, the seq_len of each call kind)."""
+    ins, outs = module.io_names()
+    spec = module.spec if gname == "target" else None
+    return {
+        "onnx": f"{gname}.onnx",
+        "inputs": ins,
+        "outputs": outs,
+        "num_layers": spec.num_layers if spec else len(module.draft.layers),
+        "num_kv_heads": spec.kv_heads if spec else module.draft.kv_heads,
+        "head_dim": spec.head_dim if spec else module.draft.head_dim,
+        "seq_lens": {"prefill": shape.prefill, "verify": shape.block, "decode": 1}
+        if gname == "target"
+        else {"prefill": shape.prefill, "decode": shape.block},
+    }
+
+
+def example_inputs_real(gname: str, module, shape: PairShape) -> tuple:
+    """CPU example inputs for the TorchScript exporter (float32 only)."""
+    B, P = shape.block, shape.prefill
+    past = module.empty_cache(shape.ctx_len)
+    if gname == "target":
+        return (torch.zeros(1, B, dtype=torch.long), torch.arange(B)[None], *past)
+    return (
+        torch.zeros(1, B, dtype=torch.long),
+        torch.arange(P, P + B)[None],
+        torch.zeros(1, P, shape.hidden),
+        torch.arange(P)[None],
+        *past,
+    )
+
+
+def _keep_rope_float32(module: torch.nn.Module) -> None:
+    for m in module.modules():
+        if hasattr(m, "inv_freq") and m.inv_freq.dtype != torch.float32:
+            m.inv_freq = m.inv_freq.float()
+
+
+def _sources(module, store: WeightStore, rename, dtype: torch.dtype, rows: int | None) -> dict[str, Initializer]:
+    out = {}
+    for name, param in module.named_parameters():
+        key = rename(name) if rename else name
+        ref = store.refs[key]
+        st = os.stat(store.root / ref.file)
+        cut = rows if rows is not None and ref.shape[0] != param.shape[0] else None
+        identity = (st.st_dev, st.st_ino, ref.key, str(dtype), cut)
+        out[name] = Initializer(name, identity, _reader(store, key, dtype, cut, tuple(param.shape)))
+    return out
+
+
+def _reader(store: WeightStore, key: str, dtype: torch.dtype, cut: int | None, shape: tuple[int, ...]):
+    def produce() -> bytes:
+        t = store.get(key, dtype)
+        if cut is not None:
+            t = t[:cut]
+        if tuple(t.shape) != shape:
+            from dflash_cli.errors import CheckpointError
+
+            raise CheckpointError(
+                f"tensor {key} has shape {list(t.shape)}, the graph expects {list(shape)}",
+                hint="rebuild from a clean cache: `dflash build --force`",
+            )
+        return t.contiguous().numpy().tobytes()
+
+    return produce
+
+
+def _constant(t: torch.Tensor) -> Initializer:
+    data = t.numpy().tobytes()
+    return Initializer("constant", None, lambda: data)
+
+
+def _example_inputs(gname: str, module, shape: PairShape, dtype: torch.dtype) -> tuple:
+    B, P = shape.block, shape.prefill
+    meta = torch.device("meta")
+    past = [torch.empty(p.shape[:2] + (shape.ctx_len,) + p.shape[3:], dtype=dtype, device=meta) for p in module.empty_cache(1)]
+    ids = torch.zeros(1, B, dtype=torch.long, device=meta)
+    if gname == "target":
+        return (ids, torch.zeros(1, B, dtype=torch.long, device=meta), *past)
+    return (
+        ids,
+        torch.zeros(1, B, dtype=torch.long, device=meta),
+        torch.zeros(1, P, shape.hidden, dtype=dtype, device=meta),
+        torch.zeros(1, P, dtype=torch.long, device=meta),
+        *past,
+    )
+
+
+class _Throttled:
+    """Progress lines at most every few seconds: tensor k of n and bytes written."""
+
+    def __init__(self, progress: Callable[[str], None], gname: str, every_s: float = 3.0) -> None:
+        self.progress, self.gname, self.every_s = progress, gname, every_s
+        self.last = 0.0
+
+    def __call__(self, done: int, total: int, nbytes: int) -> None:
+        now = time.monotonic()
+        if done == total or now - self.last >= self.every_s:
+            self.last = now
+            self.progress(f"{self.gname}.onnx: tensor {done}/{total}, {nbytes / 1e9:.2f} GB written")

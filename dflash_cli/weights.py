@@ -1,0 +1,155 @@
+"""Lazy, tensor-by-tensor access to the weights of a checkpoint or a stage artifact.
+
+A weight directory is read through, in order of preference:
+* `weights.json` (written by our stages): name -> {"file", "key"}; several names may point at one
+  stored tensor (a tied lm_head, the draft's embedding that is the target's), so nothing is copied;
+* `model.safetensors.index.json` (a sharded Hugging Face checkpoint);
+* `model.safetensors`.
+
+Tensors are read one at a time with `safetensors.safe_open` (memory-mapped), never a whole state
+dict, and converted to the caller's dtype only as they are handed out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dflash_cli import checkpoints as ckpt
+from dflash_cli.errors import CheckpointError
+
+if TYPE_CHECKING:
+    import torch
+
+WEIGHTS_INDEX = "weights.json"
+WEIGHTS_INDEX_FORMAT = 1
+_HINT = "the file is truncated or corrupt; download or convert the checkpoint again"
+
+
+@dataclass(frozen=True)
+class TensorRef:
+    file: str  # relative to the weight directory
+    key: str  # the name stored in that file
+    dtype: str  # safetensors dtype name (BF16, F16, F32, ...)
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n * _DTYPE_BYTES.get(self.dtype, 4)
+
+
+_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+
+
+class WeightStore:
+    """Name -> tensor, read lazily from safetensors files in one directory."""
+
+    def __init__(self, root: Path, refs: dict[str, TensorRef]) -> None:
+        self.root = Path(root)
+        self.refs = refs
+        self._handles: dict[str, Any] = {}
+
+    @classmethod
+    def open(cls, root: Path) -> WeightStore:
+        root = Path(root)
+        index = root / WEIGHTS_INDEX
+        if index.is_file():
+            data = ckpt.load_json(index, WEIGHTS_INDEX)
+            entries = data.get("tensors")
+            if not isinstance(entries, dict):
+                raise CheckpointError(f"{index} lists no tensors", hint="rebuild this stage: `--rebuild convert`")
+            headers = {f: _header(root / f) for f in sorted({e["file"] for e in entries.values()})}
+            refs = {}
+            for name, e in entries.items():
+                meta = headers[e["file"]].get(e["key"])
+                if meta is None:
+                    raise CheckpointError(
+                        f"{e['file']} has no tensor {e['key']} (named {name} in {index})",
+                        hint="rebuild this stage: `--rebuild convert`",
+                    )
+                refs[name] = TensorRef(e["file"], e["key"], meta["dtype"], tuple(meta["shape"]))
+            return cls(root, refs)
+        refs = {}
+        for path in ckpt.weight_files(root):
+            for key, meta in _header(path).items():
+                refs[key] = TensorRef(path.name, key, meta["dtype"], tuple(meta["shape"]))
+        return cls(root, refs)
+
+    def names(self) -> list[str]:
+        return list(self.refs)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.refs
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.refs[name].shape
+
+    def files(self) -> list[str]:
+        return sorted({r.file for r in self.refs.values()})
+
+    def get(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """One tensor, a fresh CPU copy (converted to `dtype` when given)."""
+        from safetensors import SafetensorError
+
+        ref = self.refs[name]
+        try:
+            handle = self._handle(ref.file)
+            tensor = handle.get_tensor(ref.key)
+        except SafetensorError as exc:
+            raise CheckpointError(f"corrupt safetensors file {self.root / ref.file}: {exc}", hint=_HINT) from None
+        return tensor if dtype is None or tensor.dtype == dtype else tensor.to(dtype)
+
+    def items(self, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        for name in self.refs:
+            yield name, self.get(name, dtype)
+
+    def _handle(self, file: str):
+        from safetensors import safe_open
+
+        if file not in self._handles:
+            self._handles[file] = safe_open(str(self.root / file), framework="pt", device="cpu")
+        return self._handles[file]
+
+    def close(self) -> None:
+        self._handles.clear()
+
+
+def _header(path: Path) -> dict[str, Any]:
+    raw = json.loads(ckpt.read_safetensors_header(path))
+    raw.pop("__metadata__", None)
+    return raw
+
+
+def write_index(root: Path, entries: dict[str, tuple[str, str]]) -> None:
+    """weights.json: name -> (file, stored key); files are relative to `root`."""
+    data = {
+        "format": WEIGHTS_INDEX_FORMAT,
+        "tensors": {name: {"file": f, "key": k} for name, (f, k) in sorted(entries.items())},
+    }
+    (Path(root) / WEIGHTS_INDEX).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+
+
+def write_hf_index(root: Path, entries: dict[str, tuple[str, str]]) -> None:
+    """A Hugging Face shard index for the names stored under their own key (so transformers can load the dir)."""
+    weight_map = {name: f for name, (f, k) in sorted(entries.items()) if name == k}
+    data = {"metadata": {}, "weight_map": weight_map}
+    (Path(root) / ckpt.SHARD_INDEX_FILE).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+
+
+def link_or_copy(src: Path, dst: Path) -> str:
+    """Hard-link `src` to `dst` (no bytes copied); copy when linking is impossible. Returns "link" or "copy"."""
+    src = Path(src).resolve()  # Hugging Face cache snapshots are symlinks to blobs
+    try:
+        os.link(src, dst)
+        return "link"
+    except OSError:  # another filesystem, or a filesystem/permission setting that forbids hard links
+        shutil.copyfile(src, dst)
+        return "copy"
