@@ -1,8 +1,9 @@
 """compile stage: exported graphs -> runnable programs for the recipe's backend.
 
-ONNX Runtime (default): the graphs as-is (fp32) or with MatMul weights dynamically quantised to
-int8, plus the session settings; a smoke call proves each graph loads and runs. QAIC: the
-Cloud AI 100 compiler (dflash_cli.qaic).
+ONNX Runtime (default): the exported graphs as they are (fp32/fp16, hard-linked, no copy) or with
+MatMul weights quantised weight-only to int8/int4 (MatMulNBits, dflash_cli.ortcompile); then a smoke
+call and a causal-invariance check of the target, when the graphs fit the build's memory budget.
+QAIC: the Cloud AI 100 compiler (dflash_cli.qaic).
 """
 
 from __future__ import annotations
@@ -12,12 +13,15 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from dflash_cli.errors import DFlashError
 from dflash_cli.stages.base import StageContext
+
+CHECK_FLOOR_BYTES = 1 << 30  # graphs this small are always loaded and checked at build time
 
 
 class CompileStage:
     name = "compile"
-    version = 1
+    version = 2
     upstream = ("export",)
 
     def key_fields(self, recipe: Any) -> dict[str, Any]:
@@ -27,7 +31,10 @@ class CompileStage:
             from dflash_cli.qaic.sdk import find_sdk
 
             return {"backend": "qaic", **qaic_key_fields(_qaic_options(recipe), find_sdk())}
-        return {"backend": "ort", "precision": c.ort.precision}
+        fields = {"backend": "ort", "precision": c.ort.precision}
+        if c.ort.precision != "fp32":
+            fields["block_size"] = c.ort.block_size
+        return fields
 
     def run(self, ctx: StageContext) -> dict[str, Any]:
         if ctx.recipe.compile.backend == "qaic":
@@ -47,53 +54,61 @@ def _qaic_options(recipe: Any):
 
 
 def _compile_ort(ctx: StageContext) -> dict[str, Any]:
+    from dflash_cli.backends.ort import OrtSession, OrtSettings
+    from dflash_cli.ortcompile.checks import causal_invariance, graph_weight_bytes, smoke
+    from dflash_cli.ortcompile.quantize import quantize_graph
+    from dflash_cli.weights import link_or_copy
+
     src, out = ctx.inputs["export"], ctx.out_dir
     info = json.loads((src / "export.json").read_text())
-    precision = ctx.recipe.compile.ort.precision
-    for gname, g in info["graphs"].items():
-        onnx_in = src / g["onnx"]
-        if precision == "int8":
-            ctx.progress(f"quantising {gname} MatMul weights to int8")
-            _quantize_int8(onnx_in, out / g["onnx"])
-        else:
-            shutil.copy2(onnx_in, out / g["onnx"])
-            data = onnx_in.with_name(onnx_in.name + ".data")
-            if data.exists():
-                shutil.copy2(data, out / data.name)
-        ctx.progress(f"loading {gname} in ONNX Runtime")
-        _smoke(out / g["onnx"], gname, g, info)
-    shutil.copy2(src / "export.json", out / "export.json")
-    (out / "compile.json").write_text(json.dumps({"backend": "ort", "precision": precision}, indent=2) + "\n")
-    return {"backend": "ort", "precision": precision}
-
-
-def _quantize_int8(src: Path, dst: Path) -> None:
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    quantize_dynamic(
-        str(src),
-        str(dst),
-        op_types_to_quantize=["MatMul"],
-        weight_type=QuantType.QInt8,
-        use_external_data_format=src.with_name(src.name + ".data").exists(),
-    )
-
-
-def _smoke(path: Path, gname: str, g: dict, info: dict) -> None:
-    """One call with zero inputs: proves the graph loads and runs under the session we ship."""
-    import numpy as np
-
-    from dflash_cli.backends.ort import OrtSession
-
-    sess = OrtSession(path, gname)
-    B, P = info["block_size"], info["prefill_seq_len"]
-    feeds = {"input_ids": np.zeros((1, B), np.int64), "position_ids": np.arange(P, P + B, dtype=np.int64)[None]}
-    if gname == "draft":
-        H = sess._sess.get_inputs()[2].shape[-1]
-        feeds.update(
-            context_features=np.zeros((1, B, H), np.float32), context_position_ids=np.arange(B, dtype=np.int64)[None]
+    ort_cfg = ctx.recipe.compile.ort
+    precision = ort_cfg.precision
+    # The export's graphs and data files are hard-linked, never copied: fp32 uses them as they are,
+    # int8/int4 keep their unquantised weights (embedding, norms) in them.
+    for path in sorted(src.iterdir()):
+        if path.suffix in (".onnx", ".data") and not (precision != "fp32" and path.suffix == ".onnx"):
+            link_or_copy(path, out / path.name)
+    facts: dict[str, Any] = {"backend": "ort", "precision": precision}
+    if precision != "fp32":
+        bits = 8 if precision == "int8" else 4
+        facts["block_size"] = ort_cfg.block_size
+        for gname, g in info["graphs"].items():
+            ctx.progress(f"quantising {gname} MatMul weights to int{bits} (weight-only, block {ort_cfg.block_size})")
+            result = quantize_graph(
+                src / g["onnx"], out / g["onnx"], bits=bits, block_size=ort_cfg.block_size, progress=ctx.progress
+            )
+            facts[f"{gname}_quantized_matmuls"] = result.quantized
+            if result.quantized == 0:
+                raise DFlashError(
+                    f"{gname}.onnx has no MatMul with a constant weight to quantise",
+                    hint="rebuild the export stage: `dflash build --rebuild export`",
+                )
+    weights = {g: graph_weight_bytes(out / v["onnx"]) for g, v in info["graphs"].items()}
+    facts["session_weight_bytes"] = weights
+    budget = max(CHECK_FLOOR_BYTES, int(info.get("target_checkpoint_bytes", 0)))
+    if sum(weights.values()) <= budget:
+        settings = OrtSettings(intra_op_threads=ort_cfg.intra_op_threads, graph_optimization=ort_cfg.graph_optimization)
+        pair = json.loads((src / "pair.json").read_text())
+        for gname, g in info["graphs"].items():
+            ctx.progress(f"loading {gname} in ONNX Runtime (smoke call{', causal-invariance check' if gname == 'target' else ''})")
+            sess = OrtSession(out / g["onnx"], gname, settings)
+            smoke(sess, gname, info)
+            if gname == "target":
+                facts["causal_invariance_max_diff"] = causal_invariance(sess, info, pair["vocab_size"])
+            del sess
+        facts["checks"] = "smoke + causal invariance"
+    else:
+        # Loading the graphs here would hold more than the build's memory bound (1.5x the checkpoint);
+        # `dflash run` is their first load. int8/int4 builds of the same pair fit and are checked.
+        facts["checks"] = (
+            f"skipped: the graphs hold {sum(weights.values()) / 1e9:.1f} GB, above this build's memory budget "
+            f"({budget / 1e9:.1f} GB)"
         )
-    sess.run(feeds)
+        ctx.progress(f"checks {facts['checks']}")
+    shutil.copy2(src / "export.json", out / "export.json")
+    shutil.copy2(src / "pair.json", out / "pair.json")
+    (out / "compile.json").write_text(json.dumps(facts, indent=2) + "\n")
+    return facts
 
 
 STAGE = CompileStage()

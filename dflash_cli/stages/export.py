@@ -99,6 +99,7 @@ class ExportStage:
             "prefill_seq_len": P,
             "logits": e.logits,
             "dtype": e.dtype,
+            "target_checkpoint_bytes": _checkpoint_bytes(src / "target"),
             "graphs": graphs,
         }
         (out / "export.json").write_text(json.dumps(info, indent=2) + "\n")
@@ -108,6 +109,13 @@ class ExportStage:
             "data_bytes": {g: v.get("data_bytes") for g, v in graphs.items()},
             "export_seconds": {g: v.get("seconds") for g, v in graphs.items()},
         }
+
+
+def _checkpoint_bytes(target_dir: Path) -> int:
+    """Bytes of the target's weight files as the user supplied them (the build's memory yardstick)."""
+    from dflash_cli.weights import WeightStore
+
+    return sum((target_dir / f).stat().st_size for f in WeightStore.open(target_dir).files() if f != "dflash.safetensors")
 
 
 def _fp32_bytes(src: Path) -> int:

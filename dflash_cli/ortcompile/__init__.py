@@ -1,0 +1,1 @@
+"""ONNX Runtime compile stage helpers: weight-only quantisation and build-time checks of the compiled graphs."""

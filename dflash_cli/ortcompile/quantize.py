@@ -1,0 +1,169 @@
+"""Weight-only int8 / int4 for ONNX Runtime, one weight at a time.
+
+Every MatMul whose weight is a constant (an initializer, or `Transpose` of one, as the exporter
+writes `nn.Linear`) becomes ONNX Runtime's `MatMulNBits`: block-wise scales along K, activations
+untouched. A position's output then depends only on its own row, so a verify block gives each
+position exactly what a shorter call would, and greedy speculative decoding stays lossless
+(per-tensor dynamic activation scales, the old int8, broke that).
+
+Nothing is loaded whole: the graph is read without its external data, each weight is read from
+the export's data file (memory-mapped), quantised and appended to `<graph>.onnx.q.data`; the
+weights that stay as they are (embedding, norms) keep pointing at the export's data file, which
+the compile artifact hard-links rather than copies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ALIGNMENT = 65536
+
+
+@dataclass(frozen=True)
+class QuantResult:
+    quantized: int  # MatMuls rewritten
+    weight_bytes: int  # bytes written to the .q.data file
+
+
+def _external_info(tensor) -> dict[str, str]:
+    return {e.key: e.value for e in tensor.external_data}
+
+
+def read_initializer(tensor, base_dir: Path) -> np.ndarray:
+    """An initializer's values, memory-mapped when they live in an external file."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    if tensor.data_location != TensorProto.EXTERNAL:
+        return numpy_helper.to_array(tensor)
+    info = _external_info(tensor)
+    dtype = helper.tensor_dtype_to_np_dtype(tensor.data_type)
+    count = int(np.prod(tensor.dims)) if tensor.dims else 1
+    arr = np.memmap(base_dir / info["location"], dtype=dtype, mode="r", offset=int(info.get("offset", 0)), shape=(count,))
+    return arr.reshape(tuple(tensor.dims))
+
+
+def quantize_graph(
+    src_onnx: Path,
+    dst_onnx: Path,
+    *,
+    bits: int,
+    block_size: int,
+    accuracy_level: int = 0,
+    progress: Callable[[str], None] = lambda m: None,
+) -> QuantResult:
+    """Write dst_onnx (graph) + dst_onnx.q.data (quantised weights); other weights keep src's data file.
+
+    dst_onnx must be in a directory where src's external data files are reachable under the same names.
+    """
+    import onnx
+    from onnx import TensorProto, helper
+
+    model = onnx.load(str(src_onnx), load_external_data=False)
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    producers = {out: n for n in graph.node for out in n.output}
+    consumers: dict[str, list] = {}
+    for n in graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+
+    plans = []  # (matmul node, weight initializer, transposed?, transpose node or None)
+    for node in graph.node:
+        if node.op_type != "MatMul" or len(node.input) != 2:
+            continue
+        b = node.input[1]
+        if b in inits and len(inits[b].dims) == 2:
+            plans.append((node, inits[b], False, None))
+            continue
+        t = producers.get(b)
+        if (
+            t is not None
+            and t.op_type == "Transpose"
+            and t.input[0] in inits
+            and len(inits[t.input[0]].dims) == 2
+            and list(helper.get_attribute_value(a) for a in t.attribute if a.name == "perm") in ([[1, 0]], [])
+            and len(consumers.get(b, [])) == 1
+        ):
+            plans.append((node, inits[t.input[0]], True, t))
+
+    data_name = dst_onnx.name + ".q.data"
+    removed_inits: set[str] = set()
+    removed_nodes: set[int] = set()
+    new_inits = []
+    offset = 0
+    with (dst_onnx.parent / data_name).open("wb") as f:
+        for k, (node, weight, transposed, tnode) in enumerate(plans):
+            w = read_initializer(weight, src_onnx.parent)
+            kn = np.ascontiguousarray(w.T if transposed else w)  # [K, N], as MatMulNBits' quantiser wants
+            if kn.dtype not in (np.float32, np.float16):
+                kn = kn.astype(np.float32)
+            K, N = kn.shape
+            packed, scales = _quantize(kn, bits, block_size)
+            del kn, w
+            base = f"{node.name or node.output[0]}.w{bits}"
+            tensors = []
+            for name, arr in ((base, packed), (base + ".scales", scales)):
+                pad = (-offset) % ALIGNMENT if arr.nbytes > ALIGNMENT else 0
+                f.write(b"\0" * pad)
+                offset += pad
+                f.write(arr.tobytes())
+                t = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(arr.dtype))
+                t.dims.extend(arr.shape)
+                t.data_location = TensorProto.EXTERNAL
+                for key, value in (("location", data_name), ("offset", str(offset)), ("length", str(arr.nbytes))):
+                    e = t.external_data.add()
+                    e.key, e.value = key, value
+                offset += arr.nbytes
+                tensors.append(t)
+            new_inits += tensors
+            qnode = helper.make_node(
+                "MatMulNBits",
+                [node.input[0], tensors[0].name, tensors[1].name],
+                list(node.output),
+                name=(node.name or node.output[0]) + "_nbits",
+                domain="com.microsoft",
+                K=K,
+                N=N,
+                bits=bits,
+                block_size=block_size,
+                **({"accuracy_level": accuracy_level} if accuracy_level else {}),
+            )
+            node.CopyFrom(qnode)
+            if tnode is not None:
+                removed_nodes.add(id(tnode))
+            removed_inits.add(weight.name)
+            if (k + 1) % 16 == 0 or k + 1 == len(plans):
+                progress(f"{src_onnx.name}: {k + 1}/{len(plans)} MatMul weights to int{bits}, {offset / 1e9:.2f} GB")
+
+    still_used = {i for n in graph.node if id(n) not in removed_nodes for i in n.input}
+    keep_nodes = [n for n in graph.node if id(n) not in removed_nodes]
+    del graph.node[:]
+    graph.node.extend(keep_nodes)
+    keep_inits = [t for t in graph.initializer if t.name not in removed_inits or t.name in still_used]
+    del graph.initializer[:]
+    graph.initializer.extend(keep_inits + new_inits)
+    if not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    onnx.save_model(model, str(dst_onnx))
+    return QuantResult(len(plans), offset)
+
+
+def _quantize(kn: np.ndarray, bits: int, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """ONNX Runtime's own block quantiser (symmetric): packed [N, blocks, blob], scales [N, blocks]."""
+    from onnxruntime.capi._pybind_state import quantize_matmul_4bits, quantize_matmul_8bits
+
+    K, N = kn.shape
+    k_blocks = (K + block_size - 1) // block_size
+    if K % block_size:
+        kn = np.pad(kn, ((0, k_blocks * block_size - K), (0, 0)))
+    blob = block_size * bits // 8
+    packed = np.zeros((N, k_blocks, blob), dtype=np.uint8)
+    scales = np.zeros((N, k_blocks), dtype=kn.dtype)
+    zero_points = np.zeros((N, (k_blocks * bits + 7) // 8), dtype=np.uint8)
+    fn = quantize_matmul_4bits if bits == 4 else quantize_matmul_8bits
+    fn(packed, kn, scales, zero_points, block_size, N, K, True)
+    return packed, scales
