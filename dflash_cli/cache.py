@@ -235,13 +235,27 @@ class Cache:
             self._trash(path)
 
     def publish(
-        self, tmp: Path, stage: str, key: str, manifest: dict[str, Any], seconds: float
+        self,
+        tmp: Path,
+        stage: str,
+        key: str,
+        manifest: dict[str, Any],
+        seconds: float,
+        known: dict[tuple[int, int, int], str] | None = None,
     ) -> tuple[Path, dict[str, Any]]:
-        """Hash every output, write the manifest last, rename tmp into place. Returns (path, manifest)."""
+        """Hash every output, write the manifest last, rename tmp into place. Returns (path, manifest).
+
+        `known` maps (inode, size, mtime_ns) to the sha256 an upstream manifest recorded: a file
+        hard-linked from an upstream artifact is the same inode and is not hashed again.
+        """
         outputs = []
         for file in sorted(p for p in tmp.rglob("*") if p.is_file() and p.name != MANIFEST):
             rel = file.relative_to(tmp).as_posix()
-            outputs.append({"path": rel, "size": file.stat().st_size, "sha256": sha256_file(file)})
+            st = file.stat()
+            digest = (known or {}).get((st.st_ino, st.st_size, st.st_mtime_ns)) or sha256_file(file)
+            outputs.append(
+                {"path": rel, "size": st.st_size, "sha256": digest, "inode": st.st_ino, "mtime_ns": st.st_mtime_ns}
+            )
         now = time.time()
         full = {
             "format": MANIFEST_FORMAT,
@@ -294,8 +308,11 @@ class Cache:
             if older_than_s is not None and entry.age_s < older_than_s:
                 continue
             report.removed.append(entry)
-            report.bytes_freed += _tree_size(entry.path)
-            if not dry_run:
+        # A file hard-linked into an artifact that stays (or into the user's checkpoint) is not freed:
+        # removing a directory only drops its own links, so a shared file lives on where still used.
+        report.bytes_freed = _freed_bytes([e.path for e in report.removed])
+        if not dry_run:
+            for entry in report.removed:
                 self._trash(entry.path)
         if not dry_run:
             report.tmp_removed = self.clean_stale_tmp()
@@ -339,6 +356,16 @@ class Cache:
         shutil.rmtree(trash, ignore_errors=True)
 
 
+def known_digests(manifests: list[dict[str, Any]]) -> dict[tuple[int, int, int], str]:
+    """(inode, size, mtime_ns) -> sha256 of every output the manifests recorded with its inode."""
+    found = {}
+    for manifest in manifests:
+        for out in manifest.get("outputs", []):
+            if "inode" in out and "mtime_ns" in out:
+                found[(out["inode"], out["size"], out["mtime_ns"])] = out["sha256"]
+    return found
+
+
 def _mtime(path: Path) -> float:
     try:
         return path.stat().st_mtime
@@ -346,12 +373,30 @@ def _mtime(path: Path) -> float:
         return 0.0
 
 
+def _freed_bytes(paths: list[Path]) -> int:
+    """Bytes that removing `paths` frees: inodes all of whose hard links are inside them."""
+    links: dict[tuple[int, int], list[int]] = {}
+    for root in paths:
+        for p in root.rglob("*"):
+            with contextlib.suppress(OSError):
+                if p.is_file() and not p.is_symlink():
+                    st = p.stat()
+                    entry = links.setdefault((st.st_dev, st.st_ino), [0, st.st_nlink, st.st_size])
+                    entry[0] += 1
+    return sum(size for seen, nlink, size in links.values() if seen >= nlink)
+
+
 def _tree_size(path: Path) -> int:
+    """Bytes on disk under `path`, each inode once (artifacts hard-link the files they share)."""
     if not path.exists():
         return 0
+    seen: set[tuple[int, int]] = set()
     total = 0
     for p in path.rglob("*"):
         with contextlib.suppress(OSError):
             if p.is_file() and not p.is_symlink():
-                total += p.stat().st_size
+                st = p.stat()
+                if (st.st_dev, st.st_ino) not in seen:
+                    seen.add((st.st_dev, st.st_ino))
+                    total += st.st_size
     return total

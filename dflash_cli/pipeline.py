@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from dflash_cli.cache import Cache, compute_key
+from dflash_cli.cache import Cache, compute_key, known_digests
 from dflash_cli.errors import CacheError, DFlashError
 from dflash_cli.stages.base import Stage, StageContext
 from dflash_cli.versions import tool_versions
@@ -241,7 +241,8 @@ def _build_one(
                 "versions": tool_versions(),
                 "facts": facts,
             }
-            path, _ = cache.publish(tmp, name, key, manifest, time.perf_counter() - t0)
+            upstream = [e.manifest for u in item.upstream if (e := cache.entry(u, item.upstream[u])) and e.manifest]
+            path, _ = cache.publish(tmp, name, key, manifest, time.perf_counter() - t0, known_digests(upstream))
     return "built", path
 
 

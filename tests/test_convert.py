@@ -16,6 +16,7 @@ from dflash_cli.errors import CheckpointError
 from dflash_cli.pair import PairInfo, default_target_layer_ids, resolve_pair
 from dflash_cli.stages.base import StageContext
 from dflash_cli.stages.convert import STAGE
+from dflash_cli.weights import WeightStore
 from tests.fixtures.tiny_pairs import TinyPair, draft_tensor_shapes
 
 
@@ -63,12 +64,14 @@ def test_convert_writes_pair(pair: TinyPair, tmp_path: Path) -> None:
     assert files == [
         "draft/config.json",
         "draft/model.safetensors",
+        "draft/weights.json",
         "pair.json",
         "target/config.json",
         "target/generation_config.json",
         "target/model.safetensors",
         "target/tokenizer.json",
         "target/tokenizer_config.json",
+        "target/weights.json",
     ]
     info = PairInfo.from_json((out / "pair.json").read_text())
     assert info == PairInfo(
@@ -77,19 +80,55 @@ def test_convert_writes_pair(pair: TinyPair, tmp_path: Path) -> None:
         vocab_size=400, eos_token_ids=(0,), tie_word_embeddings=pair.family == "qwen3",
     )  # fmt: skip
 
+    # The weights are the checkpoint's own file, hard-linked (same inode), not a rewritten copy.
+    for role, src in (("target", pair.target_dir), ("draft", pair.draft_dir)):
+        assert os.path.samefile(out / role / "model.safetensors", src / "model.safetensors")
     source = load_file(pair.target_dir / "model.safetensors")
-    target = load_file(out / "target" / "model.safetensors")
-    assert set(target) == set(source) | {"lm_head.weight"}
-    assert all(t.dtype == torch.float32 for t in target.values())
+    target = WeightStore.open(out / "target")
+    assert set(target.names()) == set(source) | {"lm_head.weight"}
     expected_head = source["model.embed_tokens.weight"] if info.tie_word_embeddings else source["lm_head.weight"]
-    assert torch.equal(target["lm_head.weight"], expected_head)
+    assert torch.equal(target.get("lm_head.weight"), expected_head)
+    if info.tie_word_embeddings:  # an alias of the embedding, not a second copy
+        assert target.refs["lm_head.weight"].key == "model.embed_tokens.weight"
 
     draft_cfg = json.loads((out / "draft" / "config.json").read_text())
     assert draft_cfg["block_size"] == 4 and draft_cfg["num_target_layers"] == 4
     assert draft_cfg["dflash_config"] == {"mask_token_id": pair.mask_token_id, "target_layer_ids": [1, 2]}
-    draft = load_file(out / "draft" / "model.safetensors")
-    assert {k: tuple(v.shape) for k, v in draft.items()} == draft_tensor_shapes(draft_cfg, 2)
-    assert extras["dtype"] == "float32" and extras["draft_params"] == sum(v.numel() for v in draft.values())
+    draft = WeightStore.open(out / "draft")
+    assert {k: draft.shape(k) for k in draft.names()} == draft_tensor_shapes(draft_cfg, 2)
+    assert extras["dtype"] == ["F32"] and extras["weight_files_copied"] == 0
+    assert extras["draft_params"] == sum(draft.get(k).numel() for k in draft.names())
+
+
+def test_convert_keeps_sharded_bf16_checkpoints_as_they_are(tiny_llama_pair: TinyPair, tmp_path: Path) -> None:
+    """A sharded bf16 checkpoint: read through its index, kept in bf16, every shard linked."""
+    src = tiny_llama_pair.copy_to(tmp_path / "pair")
+    weights = load_file(src.target_dir / "model.safetensors")
+    (src.target_dir / "model.safetensors").unlink()
+    names = sorted(weights)
+    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    for fname, keys in shards.items():
+        save_file({k: weights[k].to(torch.bfloat16) for k in keys}, str(src.target_dir / fname), metadata={"format": "pt"})
+    index = {"metadata": {}, "weight_map": {k: f for f, keys in shards.items() for k in keys}}
+    (src.target_dir / "model.safetensors.index.json").write_text(json.dumps(index))
+
+    out = tmp_path / "out"
+    extras = run_convert(src.recipe(), out)
+    store = WeightStore.open(out / "target")
+    assert sorted(store.files()) == sorted(shards)
+    assert {store.refs[n].dtype for n in store.names()} == {"BF16"}
+    assert "BF16" in extras["dtype"]
+    for fname in shards:
+        assert os.path.samefile(out / "target" / fname, src.target_dir / fname)
+    assert torch.equal(store.get("lm_head.weight", torch.float32), weights["lm_head.weight"].to(torch.bfloat16).float())
+
+
+def test_convert_refuses_a_target_without_tokenizer(qwen3_copy: TinyPair, tmp_path: Path) -> None:
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (qwen3_copy.target_dir / name).unlink()
+    with pytest.raises(CheckpointError) as exc:
+        run_convert(qwen3_copy.recipe(), tmp_path / "out")
+    assert_one_line_error(exc, "no tokenizer files")
 
 
 def test_converted_target_still_loads_in_transformers(tiny_qwen3_pair: TinyPair, tmp_path: Path) -> None:

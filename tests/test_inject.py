@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from dflash_cli.pair import PairInfo
 from dflash_cli.stages import convert, inject
 from dflash_cli.stages.base import StageContext
 from dflash_cli.stages.inject import fc_scale, fused_context
+from dflash_cli.weights import WeightStore
 from tests.fixtures.tiny_pairs import TinyPair
 
 FP16_MAX = torch.finfo(torch.float16).max
@@ -35,42 +37,50 @@ def built(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
 
 
 def test_stage_contract() -> None:
-    assert (inject.STAGE.name, inject.STAGE.version, inject.STAGE.upstream) == ("inject", 1, ("convert",))
+    assert (inject.STAGE.name, inject.STAGE.version, inject.STAGE.upstream) == ("inject", 2, ("convert",))
     assert inject.STAGE.key_fields(object()) == {}
 
 
-def test_layout_matches_convert(built: tuple[TinyPair, Path]) -> None:
+def test_layout_links_convert_and_adds_only_the_fused_context(built: tuple[TinyPair, Path]) -> None:
     _, out = built
-    files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
     converted = out.parent / "convert"
-    assert files == sorted(str(p.relative_to(converted)) for p in converted.rglob("*") if p.is_file())
+    files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    before = sorted(str(p.relative_to(converted)) for p in converted.rglob("*") if p.is_file())
+    assert files == sorted([*before, "target/dflash.safetensors", "draft/target.model.safetensors"])
+    # No weight is copied: every weight file but the new fused-context file is convert's own inode.
+    for rel in before:
+        if rel.endswith(".safetensors"):
+            assert os.path.samefile(out / rel, converted / rel)
+    assert os.path.samefile(out / "draft" / "target.model.safetensors", converted / "target" / "model.safetensors")
+    new_bytes = (out / "target" / "dflash.safetensors").stat().st_size
+    assert new_bytes < 0.1 * (converted / "target" / "model.safetensors").stat().st_size
 
 
 def test_draft_gets_target_embeddings_and_head(built: tuple[TinyPair, Path]) -> None:
     pair, out = built
     source = load_file(pair.target_dir / "model.safetensors")
-    draft = load_file(out / "draft" / "model.safetensors")
+    draft = WeightStore.open(out / "draft")
     original_draft = load_file(pair.draft_dir / "model.safetensors")
-    assert set(draft) == set(original_draft) | {"embed_tokens.weight", "lm_head.weight"}
-    assert torch.equal(draft["embed_tokens.weight"], source["model.embed_tokens.weight"])
+    assert set(draft.names()) == set(original_draft) | {"embed_tokens.weight", "lm_head.weight"}
+    assert torch.equal(draft.get("embed_tokens.weight"), source["model.embed_tokens.weight"])
     # tied (qwen3 fixture): no lm_head on disk, the embedding doubles as the head
     head = source.get("lm_head.weight", source["model.embed_tokens.weight"])
     assert ("lm_head.weight" in source) is (pair.family == "llama")
-    assert torch.equal(draft["lm_head.weight"], head)
-    assert all(torch.equal(draft[k], original_draft[k]) for k in original_draft)
+    assert torch.equal(draft.get("lm_head.weight"), head)
+    assert all(torch.equal(draft.get(k), original_draft[k]) for k in original_draft)
 
 
 def test_target_gets_scaled_fc_and_hidden_norm(built: tuple[TinyPair, Path]) -> None:
     pair, out = built
     info = PairInfo.from_json((out / "pair.json").read_text())
     draft = load_file(pair.draft_dir / "model.safetensors")
-    target = load_file(out / "target" / "model.safetensors")
+    target = WeightStore.open(out / "target")
     assert info.fc_scale == fc_scale(draft["fc.weight"]) == 1.0  # std 0.02 weights need no scaling
-    assert torch.equal(target["dflash.fc.weight"], draft["fc.weight"] / info.fc_scale)
-    assert torch.equal(target["dflash.hidden_norm.weight"], draft["hidden_norm.weight"])
-    assert target["dflash.fc.weight"].shape == (64, 2 * 64)
-    converted = load_file(out.parent / "convert" / "target" / "model.safetensors")
-    assert set(target) == set(converted) | {"dflash.fc.weight", "dflash.hidden_norm.weight"}
+    assert torch.equal(target.get("dflash.fc.weight"), draft["fc.weight"] / info.fc_scale)
+    assert torch.equal(target.get("dflash.hidden_norm.weight"), draft["hidden_norm.weight"])
+    assert target.shape("dflash.fc.weight") == (64, 2 * 64)
+    converted = WeightStore.open(out.parent / "convert" / "target")
+    assert set(target.names()) == set(converted.names()) | {"dflash.fc.weight", "dflash.hidden_norm.weight"}
 
 
 def test_fc_scale_is_recorded(tiny_qwen3_pair: TinyPair, tmp_path: Path) -> None:
@@ -83,17 +93,17 @@ def test_fc_scale_is_recorded(tiny_qwen3_pair: TinyPair, tmp_path: Path) -> None
     info = PairInfo.from_json((out / "pair.json").read_text())
     expected = 128**0.5 * float(tensors["fc.weight"].norm(dim=1).max()) / 128
     assert info.fc_scale == pytest.approx(expected) and info.fc_scale > 1
-    target = load_file(out / "target" / "model.safetensors")
-    assert torch.allclose(target["dflash.fc.weight"] * info.fc_scale, tensors["fc.weight"])
+    target = WeightStore.open(out / "target")
+    assert torch.allclose(target.get("dflash.fc.weight") * info.fc_scale, tensors["fc.weight"])
 
 
 def test_missing_injected_tensor_is_an_error(tiny_llama_pair: TinyPair, tmp_path: Path, monkeypatch) -> None:
-    real_save = ckpt.save_state_dict
+    real_write = inject.write_index
 
-    def lossy_save(tensors: dict[str, torch.Tensor], path: Path) -> None:
-        real_save({k: v for k, v in tensors.items() if k != "lm_head.weight" or path.parent.name != "draft"}, path)
+    def lossy_write(root: Path, entries: dict) -> None:
+        real_write(root, {k: v for k, v in entries.items() if k != "lm_head.weight" or root.name != "draft"})
 
-    monkeypatch.setattr(ckpt, "save_state_dict", lossy_save)
+    monkeypatch.setattr(inject, "write_index", lossy_write)
     with pytest.raises(CheckpointError) as exc:
         build(tiny_llama_pair, tmp_path)
     assert "injected draft tensor lm_head.weight is missing" in exc.value.message

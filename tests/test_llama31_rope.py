@@ -24,7 +24,7 @@ def test_llama3_rope_scaling(tmp_path):
     assert json.loads((target / "config.json").read_text())["rope_parameters"]["rope_type"] == "llama3"
     draft = write_dflash_draft(tmp_path / "draft", target)
     engine = open_engine(TinyPair("llama", target, draft, 4, 1), tmp_path)  # export validates vs HF
-    checks = json.loads((engine.export_dir / "validation.json").read_text())
+    checks = json.loads((engine.export_dir / "validation.json").read_text())["checks"]
     assert all(c["ok"] for c in checks) and any(c["call"] == "vs-huggingface" for c in checks)
     rng = np.random.default_rng(3)
     for n in (5, 40, 90):

@@ -54,11 +54,18 @@ class Engine:
         if self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in self.eos_token_ids:
             self.eos_token_ids.append(self.tokenizer.eos_token_id)
         backend = recipe.compile.backend
-        self.target, self.draft = (_open(backend, artifacts.compile, g, recipe) for g in ("target", "draft"))
+        self.target = _open(backend, artifacts.compile, "target", recipe)
+        self._draft = None  # opened on first use: plain decoding never loads the draft
         self.provider = getattr(self.target, "provider", backend)
         self.weight_bytes = {
-            g: _weight_bytes(artifacts.compile, info["graphs"][g]["onnx"]) for g in ("target", "draft")
+            g: _weight_bytes(artifacts.compile, info["graphs"][g]["onnx"], backend) for g in ("target", "draft")
         }
+
+    @property
+    def draft(self):
+        if self._draft is None:
+            self._draft = _open(self.recipe.compile.backend, self.compile_dir, "draft", self.recipe)
+        return self._draft
 
     @classmethod
     def load(cls, recipe: Any, cache: Any) -> Engine:
@@ -193,7 +200,12 @@ def _open(backend: str, compile_dir: Path, graph: str, recipe: Any):
     return sess
 
 
-def _weight_bytes(compile_dir: Path, onnx_name: str) -> int:
+def _weight_bytes(compile_dir: Path, onnx_name: str, backend: str) -> int:
+    """Bytes of weights one call reads (for the bandwidth estimate)."""
+    if backend == "ort":
+        from dflash_cli.ortcompile.checks import graph_weight_bytes
+
+        return graph_weight_bytes(compile_dir / onnx_name)
     total = 0
     for f in compile_dir.glob(onnx_name + "*"):
         total += f.stat().st_size

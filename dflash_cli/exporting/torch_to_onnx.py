@@ -40,7 +40,8 @@ def export_streamed(
     `sources` maps a parameter/buffer name of `module` to the producer of its bytes.
     """
     import onnx_ir as ir
-    from onnxscript._framework_apis.torch_2_8 import optimize
+    import onnxscript.optimizer
+    import onnxscript.rewriter.onnx_fusions
 
     seq = torch.export.Dim("seq_len", min=1, max=8192)
     dynamic = {_arg(n): ({symbolic_inputs[n]: seq} if n in symbolic_inputs else None) for n in input_names}
@@ -77,7 +78,11 @@ def export_streamed(
             _reader(src, old.dtype, tuple(old.shape)), dtype=old.dtype, shape=old.shape, name=value.name
         )
         by_graph_name[value.name] = src
-    optimize(model)
+    # The exporter's usual clean-up, except that nothing computed from a weight is folded into a new
+    # constant: weights stay the checkpoint's tensors (streamed, shareable with the other graph).
+    weights = {v for v in model.graph.initializers.values() if v.name in by_graph_name}
+    onnxscript.optimizer.optimize_ir(model, should_fold=lambda node: False if weights & set(node.inputs) else None)
+    onnxscript.rewriter.onnx_fusions.fuse(model)
     nbytes = write_initializers(model, path.parent, path.name + ".data", by_graph_name, written, progress)
     ir.save(model, str(path))
     _name_seq_dims(path)

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from dflash_cli.exporting.onnx_data import read_initializer
+
 ALIGNMENT = 65536
 
 
@@ -27,23 +29,6 @@ ALIGNMENT = 65536
 class QuantResult:
     quantized: int  # MatMuls rewritten
     weight_bytes: int  # bytes written to the .q.data file
-
-
-def _external_info(tensor) -> dict[str, str]:
-    return {e.key: e.value for e in tensor.external_data}
-
-
-def read_initializer(tensor, base_dir: Path) -> np.ndarray:
-    """An initializer's values, memory-mapped when they live in an external file."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    if tensor.data_location != TensorProto.EXTERNAL:
-        return numpy_helper.to_array(tensor)
-    info = _external_info(tensor)
-    dtype = helper.tensor_dtype_to_np_dtype(tensor.data_type)
-    count = int(np.prod(tensor.dims)) if tensor.dims else 1
-    arr = np.memmap(base_dir / info["location"], dtype=dtype, mode="r", offset=int(info.get("offset", 0)), shape=(count,))
-    return arr.reshape(tuple(tensor.dims))
 
 
 def quantize_graph(

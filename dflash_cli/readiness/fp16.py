@@ -41,11 +41,13 @@ def to_fp16(onnx_path: Path, out_path: Path, *, keep_io_types: bool = True) -> P
     import onnx
     from onnx.inliner import inline_local_functions
 
+    from dflash_cli.exporting.onnx_data import load_with_data
+
     # Imported here: importing onnxruntime.transformers appends its own dir to sys.path.
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
     onnx_path, out_path = Path(onnx_path), Path(out_path)
-    model = onnx.load(str(onnx_path))  # external data loaded: initializers must be converted
+    model = load_with_data(onnx_path)  # external data loaded: initializers must be converted
     if model.functions:
         model = inline_local_functions(model)
     big = model.ByteSize() > _EXTERNAL_DATA_BYTES

@@ -1,0 +1,252 @@
+"""Random-weight target/draft pairs with the real configs of the pairs our recipes name.
+
+No hub here, so the configs are written from the public model cards (Qwen3-0.6B/4B/8B,
+Llama-3.1-8B-Instruct) and the z-lab DFlash drafts' layout (5 Qwen3-style layers, block 16).
+Weights are random bf16, saved as sharded safetensors one shard at a time (memory stays near one
+shard), with a byte-level tokenizer whose vocabulary covers every embedding row.
+
+    python benchmarks/random_pairs.py qwen3-4b /data/pairs       # -> /data/pairs/qwen3-4b/{target,draft}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+SHARD_BYTES = 2 * 1024**3
+
+QWEN3_SPECIAL = {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645, "<|mask|>": 151669}
+LLAMA_SPECIAL = {
+    "<|begin_of_text|>": 128000,
+    "<|end_of_text|>": 128001,
+    "<|reserved_special_token_0|>": 128002,
+    "<|eom_id|>": 128008,
+    "<|eot_id|>": 128009,
+}
+
+
+def _qwen3(hidden: int, layers: int, heads: int, inter: int, tie: bool) -> dict:
+    return {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "intermediate_size": inter,
+        "vocab_size": 151936,
+        "max_position_embeddings": 40960,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000,
+        "tie_word_embeddings": tie,
+        "attention_bias": False,
+        "hidden_act": "silu",
+        "bos_token_id": 151643,
+        "eos_token_id": 151645,
+        "torch_dtype": "bfloat16",
+    }
+
+
+LLAMA31_8B = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "intermediate_size": 14336,
+    "vocab_size": 128256,
+    "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "rope_scaling": {
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+        "rope_type": "llama3",
+    },
+    "tie_word_embeddings": False,
+    "attention_bias": False,
+    "mlp_bias": False,
+    "hidden_act": "silu",
+    "bos_token_id": 128000,
+    "eos_token_id": [128001, 128008, 128009],
+    "torch_dtype": "bfloat16",
+}
+
+# name -> (target config, special tokens, draft: layers, intermediate, block, mask id, target_layer_ids)
+PAIRS = {
+    "qwen3-0.6b": (_qwen3(1024, 28, 16, 3072, True), QWEN3_SPECIAL, 5, 3072, 16, 151669, [1, 7, 13, 19, 25]),
+    "qwen3-4b": (_qwen3(2560, 36, 32, 9728, True), QWEN3_SPECIAL, 5, 9728, 16, 151669, [1, 9, 17, 25, 33]),
+    "qwen3-8b": (_qwen3(4096, 36, 32, 12288, False), QWEN3_SPECIAL, 5, 12288, 16, 151669, [1, 9, 17, 25, 33]),
+    "llama3.1-8b": (LLAMA31_8B, LLAMA_SPECIAL, 5, 14336, 16, 128002, [1, 8, 15, 22, 29]),
+}
+
+
+def target_shapes(c: dict) -> dict[str, tuple[int, ...]]:
+    H, I, V = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
+    q, kv = c["num_attention_heads"] * c["head_dim"], c["num_key_value_heads"] * c["head_dim"]
+    shapes = {"model.embed_tokens.weight": (V, H)}
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        shapes.update(
+            {
+                p + "input_layernorm.weight": (H,),
+                p + "self_attn.q_proj.weight": (q, H),
+                p + "self_attn.k_proj.weight": (kv, H),
+                p + "self_attn.v_proj.weight": (kv, H),
+                p + "self_attn.o_proj.weight": (H, q),
+                p + "post_attention_layernorm.weight": (H,),
+                p + "mlp.gate_proj.weight": (I, H),
+                p + "mlp.up_proj.weight": (I, H),
+                p + "mlp.down_proj.weight": (H, I),
+            }
+        )
+        if c["model_type"] == "qwen3":
+            shapes[p + "self_attn.q_norm.weight"] = (c["head_dim"],)
+            shapes[p + "self_attn.k_norm.weight"] = (c["head_dim"],)
+    shapes["model.norm.weight"] = (H,)
+    if not c["tie_word_embeddings"]:
+        shapes["lm_head.weight"] = (V, H)
+    return shapes
+
+
+def draft_shapes(c: dict, n_features: int) -> dict[str, tuple[int, ...]]:
+    H, I = c["hidden_size"], c["intermediate_size"]
+    q, kv, d = c["num_attention_heads"] * c["head_dim"], c["num_key_value_heads"] * c["head_dim"], c["head_dim"]
+    shapes = {"fc.weight": (H, n_features * H), "hidden_norm.weight": (H,), "norm.weight": (H,)}
+    for i in range(c["num_hidden_layers"]):
+        p = f"layers.{i}."
+        shapes.update(
+            {
+                p + "input_layernorm.weight": (H,),
+                p + "self_attn.q_proj.weight": (q, H),
+                p + "self_attn.k_proj.weight": (kv, H),
+                p + "self_attn.v_proj.weight": (kv, H),
+                p + "self_attn.o_proj.weight": (H, q),
+                p + "self_attn.q_norm.weight": (d,),
+                p + "self_attn.k_norm.weight": (d,),
+                p + "post_attention_layernorm.weight": (H,),
+                p + "mlp.gate_proj.weight": (I, H),
+                p + "mlp.up_proj.weight": (I, H),
+                p + "mlp.down_proj.weight": (H, I),
+            }
+        )
+    return shapes
+
+
+def write_sharded(shapes: dict[str, tuple[int, ...]], out: Path, seed: int) -> int:
+    """Random bf16 tensors (norm weights 1) in ~2 GB shards plus the Hugging Face shard index."""
+    from safetensors.torch import save_file
+
+    gen = torch.Generator().manual_seed(seed)
+    groups, current, size = [], [], 0
+    for name, shape in shapes.items():
+        n = 2
+        for d in shape:
+            n *= d
+        if current and size + n > SHARD_BYTES:
+            groups.append(current)
+            current, size = [], 0
+        current.append(name)
+        size += n
+    groups.append(current)
+    weight_map, total = {}, 0
+    for k, names in enumerate(groups):
+        fname = f"model-{k + 1:05d}-of-{len(groups):05d}.safetensors"
+        shard = {}
+        for name in names:
+            shape = shapes[name]
+            if len(shape) == 1:
+                shard[name] = torch.ones(shape, dtype=torch.bfloat16)
+            else:
+                shard[name] = (torch.randn(shape, generator=gen) * 0.02).to(torch.bfloat16)
+            weight_map[name] = fname
+            total += shard[name].numel() * 2
+        save_file(shard, str(out / fname), metadata={"format": "pt"})
+        del shard
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    return total
+
+
+def write_tokenizer(out: Path, vocab_size: int, special: dict[str, int]) -> None:
+    """Byte-level BPE without merges: every byte is a token (any text encodes), every id decodes."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
+    by_id = {i: t for t, i in special.items()}
+    for i in range(len(vocab), vocab_size):
+        vocab[by_id.get(i, f"<filler_{i}>")] = i
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    names = list(special)
+    eos = "<|im_end|>" if "<|im_end|>" in special else "<|eot_id|>"  # what the chat models stop on
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos, bos_token=names[0], pad_token=names[0])
+    fast.add_special_tokens({"additional_special_tokens": names})
+    fast.save_pretrained(str(out))
+
+
+def make_pair(name: str, root: Path, seed: int = 0) -> tuple[Path, Path]:
+    target_cfg, special, d_layers, d_inter, block, mask, ids = PAIRS[name]
+    root = root / name
+    target, draft = root / "target", root / "draft"
+    if (root / "done").exists():
+        return target, draft
+    t0 = time.time()
+    target.mkdir(parents=True, exist_ok=True)
+    draft.mkdir(parents=True, exist_ok=True)
+    (target / "config.json").write_text(json.dumps(target_cfg, indent=2))
+    eos = target_cfg["eos_token_id"]
+    (target / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": target_cfg["bos_token_id"], "eos_token_id": eos})
+    )
+    write_tokenizer(target, target_cfg["vocab_size"], special)
+    tbytes = write_sharded(target_shapes(target_cfg), target, seed)
+    draft_cfg = {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "hidden_size": target_cfg["hidden_size"],
+        "num_hidden_layers": d_layers,
+        "num_attention_heads": target_cfg["num_attention_heads"],
+        "num_key_value_heads": target_cfg["num_key_value_heads"],
+        "head_dim": target_cfg["head_dim"],
+        "intermediate_size": d_inter,
+        "vocab_size": target_cfg["vocab_size"],
+        "max_position_embeddings": target_cfg["max_position_embeddings"],
+        "rms_norm_eps": target_cfg["rms_norm_eps"],
+        "rope_theta": target_cfg["rope_theta"],
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "block_size": block,
+        "num_target_layers": target_cfg["num_hidden_layers"],
+        "dflash_config": {"mask_token_id": mask, "target_layer_ids": ids},
+        "torch_dtype": "bfloat16",
+    }
+    (draft / "config.json").write_text(json.dumps(draft_cfg, indent=2))
+    dbytes = write_sharded(draft_shapes(draft_cfg, len(ids)), draft, seed + 1)
+    (root / "done").write_text(json.dumps({"target_bytes": tbytes, "draft_bytes": dbytes, "seconds": time.time() - t0}))
+    return target, draft
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("pair", choices=sorted(PAIRS))
+    ap.add_argument("root", type=Path)
+    args = ap.parse_args()
+    target, draft = make_pair(args.pair, args.root)
+    print(json.dumps({"target": str(target), "draft": str(draft)}))
+
+
+if __name__ == "__main__":
+    main()
