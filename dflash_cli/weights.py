@@ -107,6 +107,30 @@ class WeightStore:
             raise CheckpointError(f"corrupt safetensors file {self.root / ref.file}: {exc}", hint=_HINT) from None
         return tensor if dtype is None or tensor.dtype == dtype else tensor.to(dtype)
 
+    def iter_rows(
+        self, name: str, dtype: torch.dtype, rows: int | None = None, chunk_bytes: int = 64 << 20
+    ) -> Iterator[torch.Tensor]:
+        """The tensor (its first `rows` rows when given) in row blocks of about `chunk_bytes`, in `dtype`.
+
+        Only one block is ever converted at a time, so a 2 GB embedding costs ~64 MB to stream.
+        """
+        from safetensors import SafetensorError
+
+        ref = self.refs[name]
+        total = ref.shape[0] if ref.shape else 1
+        total = min(total, rows) if rows is not None else total
+        if len(ref.shape) < 2:
+            yield self.get(name, dtype)[:total] if ref.shape else self.get(name, dtype)
+            return
+        row_bytes = max(1, ref.nbytes // ref.shape[0] * 4 // _DTYPE_BYTES.get(ref.dtype, 4))
+        step = max(1, chunk_bytes // row_bytes)
+        try:
+            sl = self._handle(ref.file).get_slice(ref.key)
+            for start in range(0, total, step):
+                yield sl[start : min(total, start + step)].to(dtype)
+        except SafetensorError as exc:
+            raise CheckpointError(f"corrupt safetensors file {self.root / ref.file}: {exc}", hint=_HINT) from None
+
     def items(self, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
         for name in self.refs:
             yield name, self.get(name, dtype)

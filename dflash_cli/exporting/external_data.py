@@ -9,7 +9,7 @@ one stored tensor (a tied lm_head) share one copy too.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,7 +29,7 @@ class WrittenTensors:
 class Initializer:
     name: str
     identity: Hashable | None  # same identity = same bytes (shareable); None = unique to this graph
-    produce: Callable[[], bytes]
+    produce: Callable[[], Iterable]  # the tensor's bytes as buffers (numpy blocks), in order
 
 
 def write_initializers(
@@ -58,17 +58,21 @@ def write_initializers(
                 continue
             place = written.places.get(src.identity) if src is not None and src.identity is not None else None
             if place is None:
-                data = src.produce() if src is not None else value.const_value.tobytes()
-                if len(data) > ALIGN_ABOVE and offset % ALIGNMENT:
+                if value.const_value.nbytes > ALIGN_ABOVE and offset % ALIGNMENT:
                     pad = ALIGNMENT - offset % ALIGNMENT
                     f.write(b"\0" * pad)
                     offset += pad
-                f.write(data)
-                place = (data_name, offset, len(data))
-                offset += len(data)
+                blocks = src.produce() if src is not None else [value.const_value.tobytes()]
+                length = 0
+                for block in blocks:
+                    f.write(memoryview(block).cast("B") if not isinstance(block, bytes) else block)
+                    length += block.nbytes if not isinstance(block, bytes) else len(block)
+                if length != value.const_value.nbytes:
+                    raise RuntimeError(f"{value.name}: wrote {length} bytes, expected {value.const_value.nbytes}")
+                place = (data_name, offset, length)
+                offset += length
                 if src is not None and src.identity is not None:
                     written.places[src.identity] = place
-                del data
             location, start, length = place
             old = value.const_value
             value.const_value = ir.ExternalTensor(

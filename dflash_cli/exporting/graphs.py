@@ -138,25 +138,26 @@ def _sources(module, store: WeightStore, rename, dtype: torch.dtype, rows: int |
 
 
 def _reader(store: WeightStore, key: str, dtype: torch.dtype, cut: int | None, shape: tuple[int, ...]):
-    def produce() -> bytes:
-        t = store.get(key, dtype)
-        if cut is not None:
-            t = t[:cut]
-        if tuple(t.shape) != shape:
+    def produce():
+        ref_shape = store.shape(key)
+        want = ((cut,) + tuple(ref_shape[1:])) if cut is not None else tuple(ref_shape)
+        if want != shape:
             from dflash_cli.errors import CheckpointError
 
             raise CheckpointError(
-                f"tensor {key} has shape {list(t.shape)}, the graph expects {list(shape)}",
+                f"tensor {key} has shape {list(ref_shape)}, the graph expects {list(shape)}",
                 hint="rebuild from a clean cache: `dflash build --force`",
             )
-        return t.contiguous().numpy().tobytes()
+        for block in store.iter_rows(key, dtype, rows=cut):
+            yield block.contiguous().numpy()
+        store.close()  # unmap the file: pages read so far would otherwise stay in this process's RSS
 
     return produce
 
 
 def _constant(t: torch.Tensor) -> Initializer:
-    data = t.numpy().tobytes()
-    return Initializer("constant", None, lambda: data)
+    data = t.numpy()
+    return Initializer("constant", None, lambda: iter([data]))
 
 
 def _example_inputs(gname: str, module, shape: PairShape, dtype: torch.dtype) -> tuple:

@@ -94,7 +94,8 @@ def _reader(src: Initializer, dtype, shape: tuple[int, ...]):
     import onnx_ir as ir
 
     def read():
-        return ir.Tensor(np.frombuffer(src.produce(), dtype=dtype.numpy()).reshape(shape).copy(), dtype=dtype)
+        data = np.concatenate([np.asarray(b).reshape(-1) for b in src.produce()]).view(dtype.numpy())
+        return ir.Tensor(data.reshape(shape), dtype=dtype)
 
     return read
 
