@@ -86,6 +86,12 @@ class Entry:
         return sum(int(o.get("size", 0)) for o in (self.manifest or {}).get("outputs", []))
 
     @property
+    def new_bytes(self) -> int:
+        """Bytes this artifact added to the disk (its files not hard-linked from elsewhere)."""
+        manifest = self.manifest or {}
+        return int(manifest.get("new_bytes", self.size))
+
+    @property
     def created(self) -> float:
         return float((self.manifest or {}).get("created_unix", 0.0)) or _mtime(self.path)
 
@@ -254,7 +260,14 @@ class Cache:
             st = file.stat()
             digest = (known or {}).get((st.st_ino, st.st_size, st.st_mtime_ns)) or sha256_file(file)
             outputs.append(
-                {"path": rel, "size": st.st_size, "sha256": digest, "inode": st.st_ino, "mtime_ns": st.st_mtime_ns}
+                {
+                    "path": rel,
+                    "size": st.st_size,
+                    "sha256": digest,
+                    "inode": st.st_ino,
+                    "mtime_ns": st.st_mtime_ns,
+                    "linked": st.st_nlink > 1,  # shared with an upstream artifact or the checkpoint
+                }
             )
         now = time.time()
         full = {
@@ -263,6 +276,7 @@ class Cache:
             "stage": stage,
             "key": key,
             "outputs": outputs,
+            "new_bytes": sum(o["size"] for o in outputs if not o["linked"]),
             "seconds": round(seconds, 3),
             "created": datetime.fromtimestamp(now, UTC).isoformat(timespec="seconds"),
             "created_unix": now,

@@ -53,6 +53,8 @@ class StageResult:
     seconds: float  # time spent in this invocation (lookup only, when cached)
     path: Path
     size: int  # bytes of the artifact's outputs
+    peak_rss_bytes: int = 0  # this process's peak resident memory when the stage finished
+    new_bytes: int = 0  # bytes the artifact added to the disk (not hard-linked from upstream or the checkpoint)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -62,6 +64,8 @@ class StageResult:
             "seconds": round(self.seconds, 3),
             "path": str(self.path),
             "size": self.size,
+            "peak_rss_bytes": self.peak_rss_bytes,
+            "new_bytes": self.new_bytes,
         }
 
 
@@ -163,8 +167,17 @@ def build(
         status, path = _build_one(item, recipe, cache, paths, events, must_build=force or index >= first_rebuild)
         paths[item.stage.name] = path
         entry = cache.entry(item.stage.name, item.key)
+        if status == "built":
+            release_memory()
         stage_result = StageResult(
-            item.stage.name, status, item.key, time.perf_counter() - t0, path, entry.size if entry else 0
+            item.stage.name,
+            status,
+            item.key,
+            time.perf_counter() - t0,
+            path,
+            entry.size if entry else 0,
+            peak_rss_bytes(),
+            entry.new_bytes if entry else 0,
         )
         result.stages.append(stage_result)
         events("done", status, stage_result)
@@ -244,6 +257,25 @@ def _build_one(
             upstream = [e.manifest for u in item.upstream if (e := cache.entry(u, item.upstream[u])) and e.manifest]
             path, _ = cache.publish(tmp, name, key, manifest, time.perf_counter() - t0, known_digests(upstream))
     return "built", path
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident memory of this process so far (Linux reports ru_maxrss in KiB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def release_memory() -> None:
+    """Hand memory a finished stage freed back to the OS, so the next stage starts lean."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        pass
 
 
 def _resolve_stages(stages: Sequence[Stage] | None) -> list[Stage]:

@@ -80,7 +80,9 @@ def execute_build(
             ("draft", recipe.draft.path),
             ("block_size", recipe.dflash.block_size or "from draft config"),
             ("ctx_len / prefill", f"{recipe.export.ctx_len} / {recipe.export.prefill_seq_len}"),
+            ("export dtype", recipe.export.dtype),
             ("backend", recipe.compile.backend),
+            *([("ort precision", recipe.compile.ort.precision)] if recipe.compile.backend == "ort" else []),
             ("upto", upto or "all stages"),
             ("cache", cache.root),
         ],
@@ -91,9 +93,19 @@ def execute_build(
     if as_json:
         print_json(result.to_dict())
         return
-    table = make_table("stage", "status", "seconds", "size", "key", title=f"recipe {recipe.name}")
+    table = make_table(
+        "stage", "status", "seconds", "size", "new on disk", "peak RSS", "key", title=f"recipe {recipe.name}"
+    )
     for stage in result.stages:
-        table.add_row(stage.name, stage.status, f"{stage.seconds:.2f}", human_size(stage.size), short_key(stage.key))
+        table.add_row(
+            stage.name,
+            stage.status,
+            f"{stage.seconds:.2f}",
+            human_size(stage.size),
+            human_size(stage.new_bytes),
+            human_size(stage.peak_rss_bytes),
+            short_key(stage.key),
+        )
     print_table(table)
     if result.stages:
         last = result.stages[-1]

@@ -56,13 +56,14 @@ def quantize_graph(
         for i in n.input:
             consumers.setdefault(i, []).append(n)
 
-    plans = []  # (matmul node, weight initializer, transposed?, transpose node or None)
+    # weight initializer name -> (initializer, transposed?, Transpose node or None, [MatMul nodes])
+    plans: dict[str, tuple] = {}
     for node in graph.node:
         if node.op_type != "MatMul" or len(node.input) != 2:
             continue
         b = node.input[1]
         if b in inits and len(inits[b].dims) == 2:
-            plans.append((node, inits[b], False, None))
+            plans.setdefault(b, (inits[b], False, None, []))[3].append(node)
             continue
         t = producers.get(b)
         if (
@@ -71,17 +72,18 @@ def quantize_graph(
             and t.input[0] in inits
             and len(inits[t.input[0]].dims) == 2
             and list(helper.get_attribute_value(a) for a in t.attribute if a.name == "perm") in ([[1, 0]], [])
-            and len(consumers.get(b, [])) == 1
+            and all(c.op_type == "MatMul" and c.input[1] == b for c in consumers.get(b, []))
         ):
-            plans.append((node, inits[t.input[0]], True, t))
+            # the draft's k_proj / v_proj feed two MatMuls (context and block): quantised once, shared
+            plans.setdefault(t.input[0], (inits[t.input[0]], True, t, []))[3].append(node)
 
     data_name = dst_onnx.name + ".q.data"
-    removed_inits: set[str] = set()
     removed_nodes: set[int] = set()
     new_inits = []
     offset = 0
+    rewritten = 0
     with (dst_onnx.parent / data_name).open("wb") as f:
-        for k, (node, weight, transposed, tnode) in enumerate(plans):
+        for k, (weight, transposed, tnode, matmuls) in enumerate(plans.values()):
             w = read_initializer(weight, src_onnx.parent)
             kn = np.ascontiguousarray(w.T if transposed else w)  # [K, N], as MatMulNBits' quantiser wants
             if kn.dtype not in (np.float32, np.float16):
@@ -89,7 +91,7 @@ def quantize_graph(
             K, N = kn.shape
             packed, scales = _quantize(kn, bits, block_size)
             del kn, w
-            base = f"{node.name or node.output[0]}.w{bits}"
+            base = f"{weight.name}.w{bits}"
             tensors = []
             for name, arr in ((base, packed), (base + ".scales", scales)):
                 pad = (-offset) % ALIGNMENT if arr.nbytes > ALIGNMENT else 0
@@ -105,36 +107,37 @@ def quantize_graph(
                 offset += arr.nbytes
                 tensors.append(t)
             new_inits += tensors
-            qnode = helper.make_node(
-                "MatMulNBits",
-                [node.input[0], tensors[0].name, tensors[1].name],
-                list(node.output),
-                name=(node.name or node.output[0]) + "_nbits",
-                domain="com.microsoft",
-                K=K,
-                N=N,
-                bits=bits,
-                block_size=block_size,
-                **({"accuracy_level": accuracy_level} if accuracy_level else {}),
-            )
-            node.CopyFrom(qnode)
+            for node in matmuls:
+                qnode = helper.make_node(
+                    "MatMulNBits",
+                    [node.input[0], tensors[0].name, tensors[1].name],
+                    list(node.output),
+                    name=(node.name or node.output[0]) + "_nbits",
+                    domain="com.microsoft",
+                    K=K,
+                    N=N,
+                    bits=bits,
+                    block_size=block_size,
+                    **({"accuracy_level": accuracy_level} if accuracy_level else {}),
+                )
+                node.CopyFrom(qnode)
+                rewritten += 1
             if tnode is not None:
                 removed_nodes.add(id(tnode))
-            removed_inits.add(weight.name)
             if (k + 1) % 16 == 0 or k + 1 == len(plans):
                 progress(f"{src_onnx.name}: {k + 1}/{len(plans)} MatMul weights to int{bits}, {offset / 1e9:.2f} GB")
 
-    still_used = {i for n in graph.node if id(n) not in removed_nodes for i in n.input}
     keep_nodes = [n for n in graph.node if id(n) not in removed_nodes]
+    still_used = {i for n in keep_nodes for i in n.input}
     del graph.node[:]
     graph.node.extend(keep_nodes)
-    keep_inits = [t for t in graph.initializer if t.name not in removed_inits or t.name in still_used]
+    keep_inits = [t for t in graph.initializer if t.name not in plans or t.name in still_used]
     del graph.initializer[:]
     graph.initializer.extend(keep_inits + new_inits)
     if not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     onnx.save_model(model, str(dst_onnx))
-    return QuantResult(len(plans), offset)
+    return QuantResult(rewritten, offset)
 
 
 def _quantize(kn: np.ndarray, bits: int, block_size: int) -> tuple[np.ndarray, np.ndarray]:

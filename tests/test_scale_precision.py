@@ -1,0 +1,128 @@
+"""fp16 export, weight-only int8/int4 compile, the causal-invariance check and bounded (twin) validation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dflash_cli.errors import DFlashError, ExportValidationError
+from tests.engines import build_recipe, open_engine
+from tests.fixtures.tiny_pairs import TinyPair
+
+PROMPTS = 8
+
+
+def _prompts(engine, n: int = PROMPTS, seed: int = 5) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [list(map(int, rng.integers(2, engine.tokenizer.vocab_size, size=int(k)))) for k in rng.integers(3, 40, n)]
+
+
+@pytest.mark.parametrize("precision", ["int8", "int4"])
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+def test_weight_only_precisions_stay_lossless(precision: str, family: str, request, tmp_path: Path) -> None:
+    pair: TinyPair = request.getfixturevalue(f"tiny_{family}_pair")
+    engine = open_engine(pair, tmp_path, compile={"ort": {"precision": precision, "block_size": 16}})
+    facts = json.loads((engine.compile_dir / "compile.json").read_text())
+    assert facts["precision"] == precision and facts["target_quantized_matmuls"] > 0
+    assert facts["checks"] == "smoke + causal invariance"
+    assert set(facts["causal_invariance_max_diff"].values()) == {0.0}
+    import onnx
+
+    ops = {n.op_type for n in onnx.load(str(engine.compile_dir / "target.onnx"), load_external_data=False).graph.node}
+    assert "MatMulNBits" in ops
+    for prompt in _prompts(engine):
+        plain = engine.generate(prompt, mode="plain", max_new_tokens=12)
+        assert engine.generate(prompt, mode="dflash", max_new_tokens=12).tokens == plain.tokens
+        assert engine.generate(prompt, mode="pld", max_new_tokens=12).tokens == plain.tokens
+
+
+def test_int4_is_smaller_than_fp32_on_disk(tiny_llama_pair: TinyPair, tmp_path: Path) -> None:
+    from dflash_cli.ortcompile.checks import graph_weight_bytes
+
+    e32 = open_engine(tiny_llama_pair, tmp_path / "fp32")
+    e4 = open_engine(tiny_llama_pair, tmp_path / "int4", compile={"ort": {"precision": "int4"}})
+    big = graph_weight_bytes(e32.compile_dir / "target.onnx")
+    small = graph_weight_bytes(e4.compile_dir / "target.onnx")
+    assert small < 0.5 * big
+
+
+def test_causal_check_catches_per_call_activation_scales(tiny_qwen3_pair: TinyPair, tmp_path: Path) -> None:
+    """The old int8 (dynamic quantisation: one activation scale per call) must fail the check."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from dflash_cli.backends.ort import OrtSession
+    from dflash_cli.ortcompile.checks import causal_invariance
+
+    engine = open_engine(tiny_qwen3_pair, tmp_path)
+    info = json.loads((engine.compile_dir / "export.json").read_text())
+    import onnx
+
+    from dflash_cli.exporting.onnx_data import load_with_data
+
+    import onnxruntime as ort
+
+    inline = tmp_path / "inline.onnx"
+    onnx.save(load_with_data(engine.compile_dir / "target.onnx"), str(inline))
+    folded = tmp_path / "folded.onnx"  # weights pre-transposed, as the old exporter wrote them
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    opts.optimized_model_filepath = str(folded)
+    ort.InferenceSession(str(inline), opts, providers=["CPUExecutionProvider"])
+    bad = tmp_path / "dynamic.onnx"
+    quantize_dynamic(str(folded), str(bad), op_types_to_quantize=["MatMul"], weight_type=QuantType.QInt8)
+    assert "DynamicQuantizeLinear" in {n.op_type for n in onnx.load(str(bad)).graph.node}
+    with pytest.raises(DFlashError, match="not causal"):
+        causal_invariance(OrtSession(bad, "target"), info, vocab_size=400)
+    good = causal_invariance(OrtSession(engine.compile_dir / "target.onnx", "target"), info, vocab_size=400)
+    assert set(good.values()) == {0.0}
+
+
+def test_fp16_export_runs_and_validates(tiny_qwen3_pair: TinyPair, tmp_path: Path) -> None:
+    import onnx
+
+    recipe, cache = build_recipe(tiny_qwen3_pair, tmp_path, export={"dtype": "fp16"})
+    from dflash_cli.pipeline import artifact_paths
+
+    export = artifact_paths(recipe, cache, ["export"])["export"]
+    model = onnx.load(str(export / "target.onnx"), load_external_data=False)
+    kv = next(i for i in model.graph.input if i.name == "past_key.0")
+    assert kv.type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
+    fc = next(t for t in model.graph.initializer if t.name.endswith("dflash.fc.weight"))
+    assert fc.data_type == onnx.TensorProto.FLOAT16
+    validation = json.loads((export / "validation.json").read_text())
+    assert validation["mode"] == "full" and all(c["ok"] for c in validation["checks"])
+    # half the bytes of the fp32 export of the same pair
+    recipe32, cache32 = build_recipe(tiny_qwen3_pair, tmp_path / "fp32")
+    export32 = artifact_paths(recipe32, cache32, ["export"])["export"]
+    size = (export / "target.onnx.data").stat().st_size
+    assert size < 0.6 * (export32 / "target.onnx.data").stat().st_size
+
+
+def test_twin_validation_passes_and_catches_a_bad_weight(tiny_llama_pair: TinyPair, tmp_path: Path, monkeypatch):
+    """Large pairs validate a reduced twin; it still fails the stage when a weight is streamed wrong."""
+    from dflash_cli.exporting import graphs, validate
+    from dflash_cli.stages import export
+
+    monkeypatch.setattr(export, "FULL_VALIDATION_BYTES", 0)
+    monkeypatch.setattr(validate, "TWIN_VOCAB", 300)
+    recipe, cache = build_recipe(tiny_llama_pair, tmp_path / "ok")
+    from dflash_cli.pipeline import artifact_paths
+
+    doc = json.loads((artifact_paths(recipe, cache, ["export"])["export"] / "validation.json").read_text())
+    assert doc["mode"].startswith("twin: 2 target / 2 draft layers, 300 vocabulary rows")
+    assert all(c["ok"] for c in doc["checks"]) and any(c["call"] == "vs-huggingface" for c in doc["checks"])
+
+    real = graphs._reader
+
+    def corrupt(store, key, dtype, cut, shape):
+        produce = real(store, key, dtype, cut, shape)
+        if key != "model.layers.1.mlp.down_proj.weight":
+            return produce
+        return lambda: (block * 1.5 for block in produce())
+
+    monkeypatch.setattr(graphs, "_reader", corrupt)
+    with pytest.raises(ExportValidationError, match="export validation failed"):
+        build_recipe(tiny_llama_pair, tmp_path / "bad")
