@@ -67,6 +67,10 @@ class Engine:
             self._draft = _open(self.recipe.compile.backend, self.compile_dir, "draft", self.recipe)
         return self._draft
 
+    @draft.setter
+    def draft(self, session) -> None:  # the fp16 readiness check swaps sessions in and out
+        self._draft = session
+
     @classmethod
     def load(cls, recipe: Any, cache: Any) -> Engine:
         from dflash_cli.pipeline import artifact_paths
