@@ -91,7 +91,7 @@ PAIRS = {
 
 
 def target_shapes(c: dict) -> dict[str, tuple[int, ...]]:
-    H, I, V = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
+    H, inter, V = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
     q, kv = c["num_attention_heads"] * c["head_dim"], c["num_key_value_heads"] * c["head_dim"]
     shapes = {"model.embed_tokens.weight": (V, H)}
     for i in range(c["num_hidden_layers"]):
@@ -104,9 +104,9 @@ def target_shapes(c: dict) -> dict[str, tuple[int, ...]]:
                 p + "self_attn.v_proj.weight": (kv, H),
                 p + "self_attn.o_proj.weight": (H, q),
                 p + "post_attention_layernorm.weight": (H,),
-                p + "mlp.gate_proj.weight": (I, H),
-                p + "mlp.up_proj.weight": (I, H),
-                p + "mlp.down_proj.weight": (H, I),
+                p + "mlp.gate_proj.weight": (inter, H),
+                p + "mlp.up_proj.weight": (inter, H),
+                p + "mlp.down_proj.weight": (H, inter),
             }
         )
         if c["model_type"] == "qwen3":
@@ -119,7 +119,7 @@ def target_shapes(c: dict) -> dict[str, tuple[int, ...]]:
 
 
 def draft_shapes(c: dict, n_features: int) -> dict[str, tuple[int, ...]]:
-    H, I = c["hidden_size"], c["intermediate_size"]
+    H, inter = c["hidden_size"], c["intermediate_size"]
     q, kv, d = c["num_attention_heads"] * c["head_dim"], c["num_key_value_heads"] * c["head_dim"], c["head_dim"]
     shapes = {"fc.weight": (H, n_features * H), "hidden_norm.weight": (H,), "norm.weight": (H,)}
     for i in range(c["num_hidden_layers"]):
@@ -134,9 +134,9 @@ def draft_shapes(c: dict, n_features: int) -> dict[str, tuple[int, ...]]:
                 p + "self_attn.q_norm.weight": (d,),
                 p + "self_attn.k_norm.weight": (d,),
                 p + "post_attention_layernorm.weight": (H,),
-                p + "mlp.gate_proj.weight": (I, H),
-                p + "mlp.up_proj.weight": (I, H),
-                p + "mlp.down_proj.weight": (H, I),
+                p + "mlp.gate_proj.weight": (inter, H),
+                p + "mlp.up_proj.weight": (inter, H),
+                p + "mlp.down_proj.weight": (H, inter),
             }
         )
     return shapes

@@ -108,7 +108,9 @@ def test_convert_keeps_sharded_bf16_checkpoints_as_they_are(tiny_llama_pair: Tin
     names = sorted(weights)
     shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
     for fname, keys in shards.items():
-        save_file({k: weights[k].to(torch.bfloat16) for k in keys}, str(src.target_dir / fname), metadata={"format": "pt"})
+        save_file(
+            {k: weights[k].to(torch.bfloat16) for k in keys}, str(src.target_dir / fname), metadata={"format": "pt"}
+        )
     index = {"metadata": {}, "weight_map": {k: f for f, keys in shards.items() for k in keys}}
     (src.target_dir / "model.safetensors.index.json").write_text(json.dumps(index))
 

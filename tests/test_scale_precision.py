@@ -59,10 +59,9 @@ def test_causal_check_catches_per_call_activation_scales(tiny_qwen3_pair: TinyPa
     engine = open_engine(tiny_qwen3_pair, tmp_path)
     info = json.loads((engine.compile_dir / "export.json").read_text())
     import onnx
+    import onnxruntime as ort
 
     from dflash_cli.exporting.onnx_data import load_with_data
-
-    import onnxruntime as ort
 
     inline = tmp_path / "inline.onnx"
     onnx.save(load_with_data(engine.compile_dir / "target.onnx"), str(inline))

@@ -163,7 +163,10 @@ def _constant(t: torch.Tensor) -> Initializer:
 def _example_inputs(gname: str, module, shape: PairShape, dtype: torch.dtype) -> tuple:
     B, P = shape.block, shape.prefill
     meta = torch.device("meta")
-    past = [torch.empty(p.shape[:2] + (shape.ctx_len,) + p.shape[3:], dtype=dtype, device=meta) for p in module.empty_cache(1)]
+    past = [
+        torch.empty(p.shape[:2] + (shape.ctx_len,) + p.shape[3:], dtype=dtype, device=meta)
+        for p in module.empty_cache(1)
+    ]
     ids = torch.zeros(1, B, dtype=torch.long, device=meta)
     if gname == "target":
         return (ids, torch.zeros(1, B, dtype=torch.long, device=meta), *past)

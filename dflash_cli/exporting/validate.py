@@ -6,10 +6,9 @@ tolerance fails the stage (the caller raises), never just a warning.
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
-
-import shutil
 from typing import Any
 
 import numpy as np
@@ -135,8 +134,17 @@ def validate_export(src: Path, out: Path, shape, e, pair: dict, *, full: bool, p
         mode = f"twin: {layers} target / {draft_layers} draft layers, {rows} vocabulary rows, all other shapes as built"
         progress(f"validating a {layers}-layer, {rows}-row twin exported by the same code (bounded memory)")
         export_pair(
-            src, where, shape, dtype=DTYPES[e.dtype], logits=e.logits, opset=e.opset, progress=lambda m: None,
-            target_cfg=tcfg, draft_cfg=dcfg, layer_ids=ids, rows=rows,
+            src,
+            where,
+            shape,
+            dtype=DTYPES[e.dtype],
+            logits=e.logits,
+            opset=e.opset,
+            progress=lambda m: None,
+            target_cfg=tcfg,
+            draft_cfg=dcfg,
+            layer_ids=ids,
+            rows=rows,
         )
     try:
         return _run_checks(src, where, shape, e, pair, tcfg, dcfg, ids, rows), mode
@@ -170,7 +178,9 @@ def _run_checks(src, where, shape, e, pair, tcfg, dcfg, ids, rows) -> list[Check
     target = build_target(src, e.logits, cfg=tcfg, layer_ids=ids, device="meta", dtype=torch.float32)
     fill_weights(target, WeightStore.open(src / "target"), rows=rows)
     target.rotary = Rotary(tcfg)
-    checks = compare_graph("target", where / "target.onnx", target, calls.target_calls(rng, checks_pair, B, P), C, e.dtype)
+    checks = compare_graph(
+        "target", where / "target.onnx", target, calls.target_calls(rng, checks_pair, B, P), C, e.dtype
+    )
     prompt = rng.integers(0, checks_pair["vocab_size"], size=(1, min(P, 32)), dtype=np.int64)
     checks += target_vs_hf(_hf_twin(tcfg, target), target, prompt, C)
     del target
@@ -193,7 +203,7 @@ def _hf_twin(cfg, target):
     if getattr(cfg, "tie_word_embeddings", False):
         hf.lm_head.weight = hf.model.embed_tokens.weight
     # Rotary tables are buffers computed at construction: rebuild them on the CPU.
-    for name, module in hf.named_modules():
+    for _, module in hf.named_modules():
         if hasattr(module, "inv_freq") and module.inv_freq.is_meta:
             fresh = type(module)(config=cfg)
             module.inv_freq = fresh.inv_freq

@@ -41,10 +41,10 @@ def to_fp16(onnx_path: Path, out_path: Path, *, keep_io_types: bool = True) -> P
     import onnx
     from onnx.inliner import inline_local_functions
 
-    from dflash_cli.exporting.onnx_data import load_with_data
-
     # Imported here: importing onnxruntime.transformers appends its own dir to sys.path.
     from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    from dflash_cli.exporting.onnx_data import load_with_data
 
     onnx_path, out_path = Path(onnx_path), Path(out_path)
     model = load_with_data(onnx_path)  # external data loaded: initializers must be converted

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 from typing import Any
 
 from dflash_cli.errors import DFlashError
@@ -90,7 +89,8 @@ def _compile_ort(ctx: StageContext) -> dict[str, Any]:
         settings = OrtSettings(intra_op_threads=ort_cfg.intra_op_threads, graph_optimization=ort_cfg.graph_optimization)
         pair = json.loads((src / "pair.json").read_text())
         for gname, g in info["graphs"].items():
-            ctx.progress(f"loading {gname} in ONNX Runtime (smoke call{', causal-invariance check' if gname == 'target' else ''})")
+            checks = "smoke call, causal-invariance check" if gname == "target" else "smoke call"
+            ctx.progress(f"loading {gname} in ONNX Runtime ({checks})")
             sess = OrtSession(out / g["onnx"], gname, settings)
             smoke(sess, gname, info)
             if gname == "target":

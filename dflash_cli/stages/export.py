@@ -115,7 +115,9 @@ def _checkpoint_bytes(target_dir: Path) -> int:
     """Bytes of the target's weight files as the user supplied them (the build's memory yardstick)."""
     from dflash_cli.weights import WeightStore
 
-    return sum((target_dir / f).stat().st_size for f in WeightStore.open(target_dir).files() if f != "dflash.safetensors")
+    return sum(
+        (target_dir / f).stat().st_size for f in WeightStore.open(target_dir).files() if f != "dflash.safetensors"
+    )
 
 
 def _fp32_bytes(src: Path) -> int:
