@@ -126,6 +126,22 @@ def test_repetition_and_lossless_sections() -> None:
         check_lossless(bad)
 
 
+@pytest.mark.parametrize(
+    ("facts", "cause"),
+    [
+        ({}, "a rollback or cache-position bug"),
+        ({"precision": "int4", "checks": "smoke + causal invariance"}, "passed the causal-invariance check"),
+        ({"precision": "int8", "checks": "skipped: too big"}, "not checked for causal invariance"),
+    ],
+)
+def test_lossless_hint_names_the_likely_cause(facts: dict, cause: str) -> None:
+    bad = _doc(mismatch={"dflash": 2})
+    bad["environment"]["compile"] = facts
+    with pytest.raises(LosslessError) as exc:
+        check_lossless(bad)
+    assert cause in exc.value.hint
+
+
 def test_without_baseline_speedups_are_null() -> None:
     doc = build_document(run_bench(FakeEngine(), SAMPLES, SETTINGS, modes=("dflash",)))
     assert doc["baseline"] is None and doc["decode_speedup"] is None

@@ -45,4 +45,5 @@ def environment(engine_info: dict[str, Any]) -> dict[str, Any]:
         "provider": engine_info.get("provider"),
         "recipe": engine_info.get("recipe"),
         "artifact_keys": engine_info.get("artifact_keys", {}),
+        "compile": engine_info.get("compile", {}),
     }

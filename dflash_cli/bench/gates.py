@@ -22,8 +22,25 @@ def check_lossless(doc: dict[str, Any]) -> None:
         f"{first['mode']} output differs from plain greedy decoding on sample {first['sample_id']!r}{turn} "
         f"at generated token {first['position']}{block}: plain {first['expected']}, {first['mode']} "
         f"{first['got']}; {len(mismatches)} mismatch(es) in total",
-        hint="every sample stays in the results file; a rollback or cache-position bug in the decoding "
-        "loop is the usual cause (try `dflash run` on that prompt with DFLASH_DEBUG=1)",
+        hint=_lossless_hint(doc.get("environment", {}).get("compile", {})),
+    )
+
+
+def _lossless_hint(compile_facts: dict[str, Any]) -> str:
+    """Name the likelier cause: a precision that mixes positions, unless the build proved it does not."""
+    precision = compile_facts.get("precision", "fp32")
+    checked = str(compile_facts.get("checks", "")).startswith("smoke + causal invariance")
+    kept = "every sample stays in the results file; "
+    if precision != "fp32" and not checked:
+        return (
+            kept + f"this {precision} build was not checked for causal invariance at build time; a precision "
+            "whose numbers depend on the other tokens of a call changes verify outputs: rebuild with "
+            "--set compile.ort.precision=fp32 to tell"
+        )
+    proof = f"the {precision} target passed the causal-invariance check at build time, so " if checked else ""
+    return (
+        kept + proof + "a rollback or cache-position bug in the decoding loop is the usual cause "
+        "(try `dflash run` on that prompt with DFLASH_DEBUG=1)"
     )
 
 

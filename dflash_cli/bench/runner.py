@@ -221,6 +221,7 @@ def describe_engine(engine: Any) -> dict[str, Any]:
         "provider": engine.provider,
         "weight_bytes": dict(engine.weight_bytes),
         "ctx_len": int(engine.ctx_len),
+        "compile": dict(getattr(engine, "compile_facts", None) or {}),
     }
 
 

@@ -41,6 +41,8 @@ class Engine:
         self.artifact_keys = dict(artifacts.keys)
         self.compile_dir = artifacts.compile
         self.export_dir = artifacts.export
+        facts = artifacts.compile / "compile.json"
+        self.compile_facts: dict = json.loads(facts.read_text()) if facts.is_file() else {}
         info = json.loads((artifacts.export / "export.json").read_text())
         pair = json.loads((artifacts.inject / "pair.json").read_text())
         self.block_size: int = info["block_size"]

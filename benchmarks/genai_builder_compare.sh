@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Side by side on one checkpoint: ONNX Runtime GenAI's model builder (fp32, CPU) vs `dflash build`
+# (all stages, fp32), each under /usr/bin/time -v, alternating, REPEAT times. The builder lives in its
+# own venv (never a dflash dependency); this script creates it on first use.
+#
+#   bash benchmarks/genai_builder_compare.sh [PAIR_ROOT] [REPEAT]
+#   (PAIR_ROOT defaults to /work/pairs/qwen3-0.6b, made by benchmarks/random_pairs.py)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+PAIR=${1:-/work/pairs/qwen3-0.6b}
+REPEAT=${2:-2}
+VENV=${BENCH_VENV:-.bench-venv}
+WORK=${WORK:-/work/genai-compare}
+
+if [ ! -x "$VENV/bin/python" ]; then
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install -q torch==2.13.0
+  "$VENV/bin/pip" install -q onnxruntime-genai "transformers>=5.20,<6" onnx onnx_ir onnxscript safetensors
+fi
+test -d "$PAIR/target" || .venv/bin/python benchmarks/random_pairs.py qwen3-0.6b "$(dirname "$PAIR")"
+
+mkdir -p "$WORK"
+cat > "$WORK/recipe.yaml" <<EOF
+name: genai-compare
+family: $(python3 -c "import json;print(json.load(open('$PAIR/target/config.json'))['model_type'])")
+target: {path: $PAIR/target}
+draft: {path: $PAIR/draft}
+export: {ctx_len: 4096, prefill_seq_len: 128}
+EOF
+
+measure() {  # label, command...
+  local label=$1; shift
+  /usr/bin/time -v "$@" > "$WORK/$label.out" 2> "$WORK/$label.err" || { tail -20 "$WORK/$label.err"; exit 1; }
+  local wall rss
+  wall=$(grep "Elapsed (wall clock)" "$WORK/$label.err" | awk '{print $NF}')
+  rss=$(grep "Maximum resident set size" "$WORK/$label.err" | awk '{printf "%.2f", $NF/1048576}')
+  echo "$label wall=$wall peak_rss_gib=$rss" | tee -a "$WORK/results.txt"
+}
+
+: > "$WORK/results.txt"
+for i in $(seq 1 "$REPEAT"); do
+  rm -rf "$WORK/genai-out" "$WORK/genai-cache" "$WORK/dflash-cache"
+  measure "genai-fp32-$i" "$VENV/bin/python" -m onnxruntime_genai.models.builder \
+    -i "$PAIR/target" -o "$WORK/genai-out" -p fp32 -e cpu -c "$WORK/genai-cache"
+  measure "dflash-build-fp32-$i" .venv/bin/dflash build --recipe "$WORK/recipe.yaml" --cache-dir "$WORK/dflash-cache" --json
+done
+rm -rf "$WORK/genai-out" "$WORK/genai-cache" "$WORK/dflash-cache"
+cat "$WORK/results.txt"
