@@ -19,7 +19,7 @@ from typing import Any, Literal
 from dflash_cli.cache import Cache, compute_key, known_digests
 from dflash_cli.errors import CacheError, DFlashError
 from dflash_cli.stages.base import Stage, StageContext
-from dflash_cli.versions import tool_versions
+from dflash_cli.versions import key_versions, tool_versions
 
 # Build order. A stage module `dflash_cli.stages.<name>` exposes a module-level `STAGE`; names
 # whose module does not exist yet are skipped so the pipeline works while stages are being added.
@@ -107,7 +107,6 @@ class PlannedStage:
 def plan(recipe: Any, stages: Sequence[Stage] | None = None) -> list[PlannedStage]:
     """Compute every stage's key without building anything."""
     stages = _resolve_stages(stages)
-    versions = tool_versions()
     keys: dict[str, str] = {}
     planned = []
     for stage in stages:
@@ -121,7 +120,7 @@ def plan(recipe: Any, stages: Sequence[Stage] | None = None) -> list[PlannedStag
             "stage_version": stage.version,
             "fields": fields,
             "upstream": list(upstream.values()),
-            "tools": versions,
+            "tools": key_versions(getattr(stage, "tools", None)),
         }
         keys[stage.name] = compute_key(payload)
         planned.append(PlannedStage(stage, keys[stage.name], fields, upstream))

@@ -20,6 +20,9 @@ _DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
     "torch": ("torch",),
     "transformers": ("transformers",),
     "onnx": ("onnx",),
+    "onnxscript": ("onnxscript",),
+    "onnx_ir": ("onnx-ir", "onnx_ir"),
+    "safetensors": ("safetensors",),
     "onnxruntime": ("onnxruntime", "onnxruntime-gpu", "onnxruntime-qnn", "onnxruntime-openvino"),
 }
 
@@ -36,13 +39,26 @@ def package_version(tool: str) -> str | None:
     return None
 
 
+# Recorded in every manifest; a stage's key hashes only the ones its `tools` names.
+RECORDED_TOOLS = ("torch", "transformers", "onnx", "onnxruntime")
+
+
 @functools.cache
-def tool_versions() -> dict[str, str]:
-    """The versions hashed into every cache key: a new torch or exporter may produce another graph."""
+def tool_versions(tools: tuple[str, ...] | None = None) -> dict[str, str]:
+    """dflash's version and those of `tools` (default: the recorded set)."""
     versions = {"dflash": dflash_cli.__version__}
-    for tool in _DISTRIBUTIONS:
+    for tool in RECORDED_TOOLS if tools is None else tools:
         versions[tool] = package_version(tool) or "absent"
     return versions
+
+
+def key_versions(tools: tuple[str, ...] | None) -> dict[str, str]:
+    """What a stage's cache key hashes: only the tools that can change its output (all recorded ones when
+    the stage does not say). dflash's own changes are the stage's `version` constant's job, so upgrading
+    dflash or onnxruntime does not redo the convert of an 8B model."""
+    if tools is None:
+        return tool_versions()
+    return {tool: package_version(tool) or "absent" for tool in tools}
 
 
 def qaic_sdk_info(root: Path = QAIC_ROOT) -> dict[str, str | bool | None]:

@@ -290,3 +290,32 @@ def test_concurrent_builds_of_one_recipe_build_once(tmp_path: Path) -> None:
     assert stage.calls == 1
     assert sorted(r.stages[0].status for r in results) == ["built", "cached"]
     assert "wait" in events
+
+
+def test_keys_hash_only_the_tool_versions_a_stage_depends_on(tmp_path: Path, monkeypatch) -> None:
+    """An onnxruntime upgrade rebuilds compile only; a torch upgrade rebuilds inject, export and compile's inputs."""
+    from dflash_cli import versions
+
+    real = versions.package_version
+    recipe = make_recipe()
+
+    def keys_with(**pinned: str) -> dict[str, str]:
+        monkeypatch.setattr(versions, "package_version", lambda tool: pinned.get(tool) or real(tool))
+        return {p.stage.name: p.key for p in pipeline.plan(recipe)}
+
+    monkeypatch.setattr(pipeline, "_resolve_stages", lambda stages: list(_key_stages()))
+    base = keys_with()
+    ort = keys_with(onnxruntime="99.0")
+    assert [n for n in base if base[n] != ort[n]] == ["compile"]
+    torch_ = keys_with(torch="99.0")
+    assert [n for n in base if base[n] != torch_[n]] == ["inject", "export", "compile"]
+
+
+def _key_stages():
+    """The real stages' names, upstreams and tools, with recipe-independent key fields."""
+    from dflash_cli.pipeline import default_stages
+
+    for real in default_stages():
+        fake = FakeStage(real.name, real.upstream)
+        fake.tools = real.tools
+        yield fake

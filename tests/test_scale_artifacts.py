@@ -118,3 +118,14 @@ def test_killed_export_publishes_nothing_and_leaves_upstream_whole(tiny_qwen3_pa
     assert all(r.ok for r in cache.verify())
     assert not list(cache.tmp_dir.glob("export-*"))
     assert (tiny_qwen3_pair.target_dir / "model.safetensors").is_file()
+
+
+def test_plain_decoding_never_loads_the_draft(built) -> None:
+    from dflash_cli.decoding.engine import Engine
+
+    recipe, cache, _ = built
+    engine = Engine.load(recipe, cache)
+    plain = engine.generate([3, 4, 5, 6], mode="plain", max_new_tokens=6)
+    assert engine._draft is None  # `dflash run --no-draft` holds only the target in memory
+    assert engine.generate([3, 4, 5, 6], mode="dflash", max_new_tokens=6).tokens == plain.tokens
+    assert engine._draft is not None

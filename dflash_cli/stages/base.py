@@ -26,6 +26,7 @@ class Stage(Protocol):
     name: str
     version: int  # bump whenever the stage's output format or semantics change
     upstream: tuple[str, ...]
+    tools: tuple[str, ...]  # packages whose version can change the output (hashed into the key)
 
     def key_fields(self, recipe: Any) -> dict[str, Any]:
         """Every input this stage reads, as JSON-able values (checkpoint fingerprints included)."""

@@ -22,6 +22,7 @@ class CompileStage:
     name = "compile"
     version = 2
     upstream = ("export",)
+    tools: tuple[str, ...] = ("onnx", "onnxruntime")  # the QAIC SDK version is in key_fields
 
     def key_fields(self, recipe: Any) -> dict[str, Any]:
         c = recipe.compile

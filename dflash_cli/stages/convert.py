@@ -38,6 +38,7 @@ class ConvertStage:
     name = "convert"
     version = 2
     upstream: tuple[str, ...] = ()
+    tools: tuple[str, ...] = ()  # reads headers and links files: only its own version matters
 
     def key_fields(self, recipe: Any) -> dict[str, Any]:
         target_dir = ckpt.resolve_checkpoint_dir(recipe.target.path, "target")

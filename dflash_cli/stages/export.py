@@ -25,6 +25,7 @@ class ExportStage:
     name = "export"
     version = 2
     upstream = ("inject",)
+    tools: tuple[str, ...] = ("torch", "transformers", "onnx", "onnxscript", "onnx_ir")
 
     def key_fields(self, recipe: Any) -> dict[str, Any]:
         e = recipe.export

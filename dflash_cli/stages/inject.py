@@ -62,6 +62,7 @@ class InjectStage:
     name = "inject"
     version = 2
     upstream: tuple[str, ...] = ("convert",)
+    tools: tuple[str, ...] = ("torch", "safetensors")
 
     def key_fields(self, recipe: Any) -> dict[str, Any]:
         return {}  # everything inject reads comes through the convert artifact and its key
