@@ -27,6 +27,11 @@ from filelock import FileLock, Timeout
 
 from dflash_cli.errors import CacheError
 
+
+class CorruptArtifactError(CacheError):
+    """A published artifact's file is missing or changed since it was built."""
+
+
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = 1
 _UNWRITABLE_HINT = "pass --cache-dir DIR or set DFLASH_HOME to a writable directory"
@@ -158,13 +163,27 @@ class Cache:
         return entry.path if entry is not None else None
 
     def entry(self, stage: str, key: str) -> Entry | None:
-        """The complete artifact for (stage, key) with its manifest, else None."""
-        path = self.path_for(stage, key)
-        manifest, problem = self._check(stage, key, path)
-        return Entry(stage, key, path, manifest) if problem is None else None
+        """The complete artifact for (stage, key) with its manifest, None when there is none.
 
-    def _check(self, stage: str, key: str, path: Path) -> tuple[dict[str, Any] | None, str | None]:
-        # Cheap completeness check (stat only); `verify()` re-hashes contents.
+        Raises CorruptArtifactError when a published artifact (complete manifest) has a file that is
+        missing or changed since it was built: that is damage, never a reason to rebuild silently.
+        """
+        path = self.path_for(stage, key)
+        manifest, problem = self._check(stage, key, path, rehash_changed=True)
+        if problem is None:
+            return Entry(stage, key, path, manifest)
+        if manifest is not None:
+            raise CorruptArtifactError(
+                f"cached {stage} artifact {key[:12]} is damaged: {problem}",
+                hint=f"rebuild it with `--rebuild {stage}` (`dflash cache verify` lists every damaged artifact)",
+            )
+        return None
+
+    def _check(
+        self, stage: str, key: str, path: Path, *, rehash_changed: bool = False
+    ) -> tuple[dict[str, Any] | None, str | None]:
+        """Stat-level check of an artifact; with `rehash_changed`, a file whose inode or mtime differs
+        from the manifest is hashed again (cheap unless something touched it)."""
         if not path.is_dir():
             return None, "missing"
         try:
@@ -178,11 +197,15 @@ class Cache:
             return manifest, "manifest lists no outputs"
         for out in outputs:
             try:
-                size = (path / out["path"]).stat().st_size
+                st = (path / out["path"]).stat()
             except (OSError, KeyError, TypeError):
-                return manifest, f"missing output {out.get('path') if isinstance(out, dict) else out!r}"
-            if size != out.get("size"):
-                return manifest, f"output {out['path']} has size {size}, manifest says {out.get('size')}"
+                name = out.get("path") if isinstance(out, dict) else repr(out)
+                return manifest, f"missing output {name}"
+            if st.st_size != out.get("size"):
+                return manifest, f"output {out['path']} has size {st.st_size}, manifest says {out.get('size')}"
+            touched = "mtime_ns" in out and (st.st_mtime_ns, st.st_ino) != (out["mtime_ns"], out.get("inode"))
+            if rehash_changed and touched and sha256_file(path / out["path"]) != out.get("sha256"):
+                return manifest, f"output {out['path']} was modified after the artifact was built"
         return manifest, None
 
     def entries(self) -> list[Entry]:

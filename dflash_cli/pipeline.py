@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from dflash_cli.cache import Cache, compute_key, known_digests
+from dflash_cli.cache import Cache, CorruptArtifactError, compute_key, known_digests
 from dflash_cli.errors import CacheError, DFlashError
 from dflash_cli.stages.base import Stage, StageContext
 from dflash_cli.versions import key_versions, tool_versions
@@ -201,17 +201,29 @@ def artifact_paths(
     return {stage: _published(recipe, cache, stage, keys[stage]) for stage in wanted}
 
 
+def _build_command(recipe: Any) -> str:
+    ref = recipe.name
+    source = getattr(recipe, "source", None)
+    if source is not None and source.stem != recipe.name:
+        ref = str(source)
+    sets = "".join(f" --set {item}" for item in getattr(recipe, "overrides", ()))
+    return f"dflash build --recipe {ref}{sets}"
+
+
+def _lookup(recipe: Any, cache: Cache, stage: str, key: str) -> Path | None:
+    """cache.lookup, with a damaged artifact's error naming the exact rebuild command."""
+    try:
+        return cache.lookup(stage, key)
+    except CorruptArtifactError as exc:
+        raise CorruptArtifactError(
+            exc.message, hint=f"run `{_build_command(recipe)} --rebuild {stage}` (`dflash cache verify` lists all)"
+        ) from None
+
+
 def _published(recipe: Any, cache: Cache, stage: str, key: str) -> Path:
-    path = cache.lookup(stage, key)
+    path = _lookup(recipe, cache, stage, key)
     if path is None:
-        ref = recipe.name
-        source = getattr(recipe, "source", None)
-        if source is not None and source.stem != recipe.name:
-            ref = str(source)
-        sets = "".join(f" --set {item}" for item in getattr(recipe, "overrides", ()))
-        raise CacheError(
-            f"stage {stage} of recipe {recipe.name} is not built", hint=f"run `dflash build --recipe {ref}{sets}`"
-        )
+        raise CacheError(f"stage {stage} of recipe {recipe.name} is not built", hint=f"run `{_build_command(recipe)}`")
     return path
 
 
@@ -230,16 +242,16 @@ def _build_one(
     item: PlannedStage, recipe: Any, cache: Cache, paths: dict[str, Path], events: _Emitter, *, must_build: bool
 ) -> tuple[Literal["built", "cached"], Path]:
     name, key = item.stage.name, item.key
-    path = None if must_build else cache.lookup(name, key)
+    path = None if must_build else _lookup(recipe, cache, name, key)
     if path is not None:
         return "cached", path
     with cache.lock(name, key, on_wait=lambda: events("wait", "waiting for another build of this stage")):
         # Another process may have published it while we waited for the lock.
-        path = None if must_build else cache.lookup(name, key)
+        path = None if must_build else _lookup(recipe, cache, name, key)
         if path is not None:
             return "cached", path
-        # Whatever sits at the final path is not a valid artifact (lookup said so): a crash leftover.
-        cache.discard(name, key)
+        # Whatever sits at the final path (a crash leftover, or the artifact `--rebuild` replaces) stays
+        # until the new one is complete: publish swaps it out, so an interrupted rebuild loses nothing.
         with cache.staging(name, key) as tmp:
             inputs = {u: paths[u] for u in item.upstream}
             ctx = StageContext(recipe=recipe, out_dir=tmp, inputs=inputs, progress=lambda m: events("message", m))

@@ -66,17 +66,44 @@ def test_failed_build_leaves_no_artifact_and_no_tmp(tmp_path: Path) -> None:
         lambda p: (p / MANIFEST).write_text("{not json"),
         lambda p: (p / MANIFEST).unlink(),
         lambda p: (p / MANIFEST).write_text(json.dumps({"stage": "convert", "key": "other", "outputs": []})),
-        lambda p: (p / "sub" / "model.bin").write_bytes(b"trunc"),
-        lambda p: (p / "config.json").unlink(),
     ],
-    ids=["unparseable", "missing", "wrong-key", "truncated-output", "missing-output"],
+    ids=["unparseable", "missing", "wrong-key"],
 )
 def test_incomplete_artifact_is_a_miss(tmp_path: Path, damage) -> None:
+    """No complete manifest: a crash leftover, nothing to trust, rebuilt."""
     cache = Cache(tmp_path)
     path = publish_one(cache)
     damage(path)
     assert cache.lookup("convert", "k1") is None
     assert [e.problem for e in cache.entries()] != [None]
+
+
+@pytest.mark.parametrize(
+    ("damage", "words"),
+    [
+        (lambda p: (p / "sub" / "model.bin").write_bytes(b"trunc"), "has size"),
+        (lambda p: (p / "config.json").unlink(), "missing output config.json"),
+        (lambda p: _flip_byte(p / "sub" / "model.bin"), "sub/model.bin was modified"),
+    ],
+    ids=["truncated-output", "missing-output", "flipped-byte"],
+)
+def test_damaged_published_artifact_is_an_error_not_a_miss(tmp_path: Path, damage, words: str) -> None:
+    """A complete manifest whose files changed: damage, reported with the fix, never silently reused."""
+    from dflash_cli.cache import CorruptArtifactError
+
+    cache = Cache(tmp_path)
+    path = publish_one(cache)
+    damage(path)
+    with pytest.raises(CorruptArtifactError, match=words) as exc:
+        cache.lookup("convert", "k1")
+    assert "--rebuild convert" in exc.value.hint
+
+
+def _flip_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    time.sleep(0.01)  # a rewrite moves mtime, as any real write does
+    path.write_bytes(bytes(data))  # same size
 
 
 def test_publish_replaces_a_broken_leftover(tmp_path: Path) -> None:

@@ -319,3 +319,31 @@ def _key_stages():
         fake = FakeStage(real.name, real.upstream)
         fake.tools = real.tools
         yield fake
+
+
+def test_rebuild_keeps_the_old_artifact_until_the_new_one_is_published(tmp_path: Path) -> None:
+    """An interrupted `--rebuild` (Ctrl-C mid-stage) leaves the previous artifact in place and usable."""
+    stages = fake_stages()[:2]
+    cache = Cache(tmp_path)
+    first = build(make_recipe(), cache, stages=stages)
+    stages[1].fail = True
+    with pytest.raises(RuntimeError, match="inject failed"):
+        build(make_recipe(), cache, stages=stages, rebuild={"inject"})
+    assert cache.lookup("inject", first.stages[1].key) == first.path("inject")
+    assert (first.path("inject") / "out.txt").read_text() == "inject(convert())"
+
+
+def test_damaged_upstream_stops_a_rebuild_with_the_fix(tmp_path: Path) -> None:
+    """`--rebuild inject` after a flip in convert's output must not build on the damaged file."""
+    stages = fake_stages()[:2]
+    cache = Cache(tmp_path)
+    first = build(make_recipe(), cache, stages=stages)
+    out = first.path("convert") / "out.txt"
+    time.sleep(0.01)
+    out.write_text("convXrt()")  # same size, new content
+    with pytest.raises(CacheError, match="convert artifact .* is damaged") as exc:
+        build(make_recipe(), cache, stages=stages, rebuild={"inject"})
+    assert "--rebuild convert" in exc.value.hint
+    assert stages[1].calls == 1  # inject did not run again on the damaged input
+    fixed = build(make_recipe(), cache, stages=stages, rebuild={"convert"})
+    assert (fixed.path("inject") / "out.txt").read_text() == "inject(convert())"
