@@ -11,6 +11,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install torch==2.13.0
+	$(VENV)/bin/pip uninstall -y -q dflash 2>/dev/null || true  # the distribution's old name
 	$(VENV)/bin/pip install -e '.[dev]'
 	touch $(STAMP)
 

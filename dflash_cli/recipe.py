@@ -179,7 +179,9 @@ def recipes_dir() -> Path:
     env = os.environ.get("DFLASH_RECIPES_DIR")
     if env:
         return Path(env)
-    return Path(dflash_cli.__file__).resolve().parent.parent / "recipes"
+    # The package carries the shipped recipes and demo pair (symlinks to the repo's recipes/ and models/
+    # in a checkout, copies in a wheel), so an installed `dflash` finds them wherever it runs.
+    return Path(dflash_cli.__file__).parent / "shipped" / "recipes"
 
 
 def list_recipes() -> dict[str, Path]:
