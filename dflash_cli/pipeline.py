@@ -7,6 +7,7 @@ a relevant one rebuilds that stage and, through the upstream keys, everything af
 
 from __future__ import annotations
 
+import errno
 import functools
 import importlib
 import importlib.util
@@ -201,6 +202,9 @@ def artifact_paths(
     return {stage: _published(recipe, cache, stage, keys[stage]) for stage in wanted}
 
 
+_DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}
+
+
 def _build_command(recipe: Any) -> str:
     ref = recipe.name
     source = getattr(recipe, "source", None)
@@ -252,21 +256,29 @@ def _build_one(
             return "cached", path
         # Whatever sits at the final path (a crash leftover, or the artifact `--rebuild` replaces) stays
         # until the new one is complete: publish swaps it out, so an interrupted rebuild loses nothing.
-        with cache.staging(name, key) as tmp:
-            inputs = {u: paths[u] for u in item.upstream}
-            ctx = StageContext(recipe=recipe, out_dir=tmp, inputs=inputs, progress=lambda m: events("message", m))
-            t0 = time.perf_counter()
-            facts = item.stage.run(ctx) or {}
-            manifest = {
-                "recipe": recipe.name,
-                "stage_version": item.stage.version,
-                "inputs": item.fields,
-                "upstream": item.upstream,
-                "versions": tool_versions(),
-                "facts": facts,
-            }
-            upstream = [e.manifest for u in item.upstream if (e := cache.entry(u, item.upstream[u])) and e.manifest]
-            path, _ = cache.publish(tmp, name, key, manifest, time.perf_counter() - t0, known_digests(upstream))
+        try:
+            with cache.staging(name, key) as tmp:
+                inputs = {u: paths[u] for u in item.upstream}
+                ctx = StageContext(recipe=recipe, out_dir=tmp, inputs=inputs, progress=lambda m: events("message", m))
+                t0 = time.perf_counter()
+                facts = item.stage.run(ctx) or {}
+                manifest = {
+                    "recipe": recipe.name,
+                    "stage_version": item.stage.version,
+                    "inputs": item.fields,
+                    "upstream": item.upstream,
+                    "versions": tool_versions(),
+                    "facts": facts,
+                }
+                upstream = [e.manifest for u in item.upstream if (e := cache.entry(u, item.upstream[u])) and e.manifest]
+                path, _ = cache.publish(tmp, name, key, manifest, time.perf_counter() - t0, known_digests(upstream))
+        except OSError as exc:
+            if exc.errno not in _DISK_ERRORS:
+                raise
+            raise CacheError(
+                f"{name}: {exc.strerror} while writing into {cache.root} (nothing was published)",
+                hint="free disk space (`dflash cache clean --older-than 7d`) or pass --cache-dir on a larger disk",
+            ) from None
     return "built", path
 
 

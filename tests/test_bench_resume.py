@@ -135,3 +135,21 @@ def test_multi_turn_resume_rebuilds_history_from_the_log(tmp_path: Path) -> None
 def test_default_results_path(tmp_path: Path) -> None:
     path = default_results_path(tmp_path, "qwen3-8b", "my data", 16)
     assert path == tmp_path / "bench" / "qwen3-8b-my_data-b16.jsonl"
+
+
+def test_resume_refuses_a_changed_stop_list_or_template(tmp_path: Path) -> None:
+    """Answers made with another stop list, chat template or thinking switch must not be mixed in."""
+    from types import SimpleNamespace
+
+    def engine(stop: list[str], template: bool = False) -> FakeEngine:
+        e = FakeEngine()
+        e.recipe = SimpleNamespace(run=SimpleNamespace(chat_template=template, enable_thinking=False, stop=stop))
+        return e
+
+    path = tmp_path / "r.jsonl"
+    run_bench(engine(["\n\n"]), SAMPLES[:1], SETTINGS, results_log=ResultsLog(path))
+    with pytest.raises(DFlashError, match="run"):
+        run_bench(engine(["###"]), SAMPLES, SETTINGS, results_log=ResultsLog(path, resume=True))
+    with pytest.raises(DFlashError, match="run"):
+        run_bench(engine(["\n\n"], template=True), SAMPLES, SETTINGS, results_log=ResultsLog(path, resume=True))
+    run_bench(engine(["\n\n"]), SAMPLES, SETTINGS, results_log=ResultsLog(path, resume=True))

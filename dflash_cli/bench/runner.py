@@ -222,12 +222,24 @@ def describe_engine(engine: Any) -> dict[str, Any]:
         "weight_bytes": dict(engine.weight_bytes),
         "ctx_len": int(engine.ctx_len),
         "compile": dict(getattr(engine, "compile_facts", None) or {}),
+        "run": _output_settings(engine),
     }
+
+
+def _output_settings(engine: Any) -> dict[str, Any]:
+    """The recipe's `run.*` settings that change what a prompt produces (not its length or sampling)."""
+    run = getattr(getattr(engine, "recipe", None), "run", None)
+    if run is None:
+        return {}
+    return {"chat_template": run.chat_template, "enable_thinking": run.enable_thinking, "stop": list(run.stop)}
 
 
 def _comparable_engine_facts(info: dict[str, Any]) -> dict[str, Any]:
     # Provider and weight sizes follow from the artifacts; recipe, block size and keys pin them.
-    return {"recipe": info["recipe"], "block_size": info["block_size"], "artifact_keys": info["artifact_keys"]}
+    facts = {"recipe": info["recipe"], "block_size": info["block_size"], "artifact_keys": info["artifact_keys"]}
+    if info.get("run"):  # a resumed run must not mix answers made with another template or stop list
+        facts["run"] = info["run"]
+    return facts
 
 
 def _validate_modes(modes: Sequence[str]) -> tuple[str, ...]:

@@ -139,6 +139,9 @@ def bench_command(
     mode_list = _parse_modes(modes)
     sizes: list[int | None] = _parse_block_sizes(block_sizes) if block_sizes else [None]
     _check_floor_modes(mode_list, min_speedup, min_tau)
+    for path, flag in ((results, "--results"), (output, "--output")):
+        if path is not None:
+            _check_writable(path, flag)
     samples = load_dataset(dataset, max_samples=max_samples, seed=seed)  # fail on a bad dataset before building
     if max_new_tokens is None:
         from dflash_cli.recipe import load_recipe
@@ -271,12 +274,34 @@ def _parse_modes(text: str) -> tuple[str, ...]:
 
 def _parse_block_sizes(text: str) -> list[int]:
     try:
-        sizes = [int(part) for part in text.split(",") if part.strip()]
+        sizes = [int(part) for part in text.split(",")]  # an empty item (4,,8) is an error, not skipped
     except ValueError:
         sizes = []
     if not sizes or any(b < 2 for b in sizes) or len(set(sizes)) != len(sizes):
         raise DFlashError(f"invalid --block-sizes {text!r}", hint="distinct integers >= 2, e.g. --block-sizes 4,8,16")
     return sizes
+
+
+def _check_writable(path: Path, flag: str) -> None:
+    """Refuse a results/output path that cannot be written, before any benchmarking (root ignores mode bits,
+    so this tries a real write next to it)."""
+    import tempfile
+
+    if path.is_dir():
+        raise DFlashError(f"{flag} {path} is a directory", hint=f"pass a file path, e.g. {flag} {path / 'bench.jsonl'}")
+    parent = path.parent if str(path.parent) else Path(".")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        if path.exists():
+            with path.open("a"):
+                pass
+        else:
+            with tempfile.NamedTemporaryFile(dir=parent, prefix=".dflash-probe-"):
+                pass
+    except OSError as exc:
+        raise DFlashError(
+            f"{flag} {path} is not writable: {exc.strerror or exc}", hint=f"pass a writable path to {flag}"
+        ) from None
 
 
 def _check_floor_modes(modes: tuple[str, ...], min_speedup: float | None, min_tau: float | None) -> None:

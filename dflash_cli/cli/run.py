@@ -36,17 +36,25 @@ def register(app: typer.Typer) -> None:
 def run_command(
     prompt: Annotated[
         str,
-        typer.Option("--prompt", "-p", help="Text to continue (the chat template applies when the recipe enables it)."),
+        typer.Option(
+            "--prompt",
+            "-p",
+            help="Text to continue (the chat template applies when the recipe enables it); `-` reads stdin.",
+        ),
     ],
     recipe: RecipeOpt = DEFAULT_RECIPE,
     set_: SetOpt = None,
     cache_dir: CacheDirOpt = None,
-    max_new_tokens: Annotated[int | None, typer.Option("--max-new-tokens", help="Default: run.max_new_tokens.")] = None,
-    temperature: Annotated[
-        float | None, typer.Option("--temperature", help="0 = greedy. Default: run.temperature.")
+    max_new_tokens: Annotated[
+        int | None, typer.Option("--max-new-tokens", min=1, help="Default: run.max_new_tokens.")
     ] = None,
-    top_k: Annotated[int | None, typer.Option("--top-k", help="Default: run.top_k (0 = off).")] = None,
-    top_p: Annotated[float | None, typer.Option("--top-p", help="Default: run.top_p (1 = off).")] = None,
+    temperature: Annotated[
+        float | None, typer.Option("--temperature", min=0.0, help="0 = greedy. Default: run.temperature.")
+    ] = None,
+    top_k: Annotated[int | None, typer.Option("--top-k", min=0, help="Default: run.top_k (0 = off).")] = None,
+    top_p: Annotated[
+        float | None, typer.Option("--top-p", min=0.0, max=1.0, help="Default: run.top_p (1 = off).")
+    ] = None,
     seed: Annotated[int | None, typer.Option("--seed", help="Sampling seed. Default: run.seed.")] = None,
     no_draft: Annotated[bool, typer.Option("--no-draft", help="Plain decoding of the same compiled target.")] = False,
     json_: JsonOpt = False,
@@ -56,6 +64,7 @@ def run_command(
     from dflash_cli.decoding.engine import Engine
     from dflash_cli.recipe import load_recipe
 
+    prompt = _read_prompt(prompt)
     r = load_recipe(recipe, set_ or [])
     run = r.run
     engine = Engine.load(r, Cache(cache_dir))
@@ -97,6 +106,25 @@ def run_command(
         markup=False,
         highlight=False,
     )
+
+
+def _read_prompt(prompt: str) -> str:
+    """`-` reads stdin; any prompt must be valid UTF-8 (argv bytes that are not arrive as surrogates)."""
+    import sys
+
+    from dflash_cli.errors import GenerationError
+
+    hint = "pass UTF-8 text (check the terminal or file encoding)"
+    if prompt == "-":
+        try:
+            return sys.stdin.buffer.read().decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise GenerationError(f"the prompt on stdin is not valid UTF-8 (byte {exc.start})", hint=hint) from None
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise GenerationError(f"the prompt is not valid UTF-8 (character {exc.start})", hint=hint) from None
+    return prompt
 
 
 class _Streamer:

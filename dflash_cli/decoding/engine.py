@@ -99,7 +99,21 @@ class Engine:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     # --- generation ---------------------------------------------------------------------------
-    def check_request(self, prompt_ids: list[int], max_new_tokens: int, temperature: float) -> None:
+    def check_request(
+        self, prompt_ids: list[int], max_new_tokens: int, temperature: float, top_k: int = 0, top_p: float = 1.0
+    ) -> None:
+        bad = [
+            f"{name} {value!r} ({rule})"
+            for name, value, ok, rule in (
+                ("max_new_tokens", max_new_tokens, max_new_tokens >= 1, "at least 1"),
+                ("temperature", temperature, temperature >= 0, "0 = greedy, or positive"),
+                ("top_k", top_k, top_k >= 0, "0 = off, or positive"),
+                ("top_p", top_p, 0 < top_p <= 1, "in (0, 1]"),
+            )
+            if not ok
+        ]
+        if bad:
+            raise GenerationError(f"invalid generation settings: {'; '.join(bad)}", hint="see `dflash run --help`")
         if not prompt_ids:
             raise GenerationError("the prompt is empty", hint='pass some text: --prompt "def fibonacci(n):"')
         # One slot is the padding sink and a verify block may run B-1 positions past the last token.
@@ -131,7 +145,7 @@ class Engine:
     ) -> GenerationResult:
         if mode not in MODES:
             raise GenerationError(f"unknown mode {mode!r}", hint=f"one of {', '.join(MODES)}")
-        self.check_request(prompt_ids, max_new_tokens, temperature)
+        self.check_request(prompt_ids, max_new_tokens, temperature, top_k, top_p)
         cfg = LoopConfig(max_new_tokens, frozenset(self.eos_token_ids), SamplingConfig(temperature, top_k, top_p, seed))
         self.target.reset()
         target = TimedSession(self.target)

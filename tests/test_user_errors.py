@@ -1,0 +1,108 @@
+"""Mistakes a user can make get one error line, one hint line and a non-zero exit, never a traceback."""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from dflash_cli.cli.app import create_app
+from dflash_cli.errors import GenerationError
+
+runner = CliRunner()
+
+
+def run_cli(engine, *args, input: str | None = None):
+    recipe = str(engine.recipe.source)
+    cache = str(engine.compile_dir.parents[2])
+    return runner.invoke(create_app(), ["run", "-r", recipe, "--cache-dir", cache, *args], input=input)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--max-new-tokens", "0"],
+        ["--max-new-tokens", "-1"],
+        ["--temperature", "-1"],
+        ["--top-p", "2"],
+        ["--top-k", "-3"],
+    ],
+)
+def test_run_refuses_out_of_range_options_as_usage_errors(qwen3_engine, args) -> None:
+    res = run_cli(qwen3_engine, "--prompt", "x = 1", *args)
+    assert res.exit_code == 2, res.output
+    assert "Traceback" not in res.output
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"max_new_tokens": 0}, "max_new_tokens 0"),
+        ({"max_new_tokens": -1}, "max_new_tokens -1"),
+        ({"temperature": -1.0}, "temperature -1.0"),
+        ({"top_p": 0.0}, "top_p 0.0"),
+        ({"top_k": -3}, "top_k -3"),
+    ],
+)
+def test_engine_api_refuses_bad_settings(qwen3_engine, kwargs, words) -> None:
+    with pytest.raises(GenerationError, match=words) as exc:
+        qwen3_engine.generate([3, 4, 5], mode="dflash", **{"max_new_tokens": 4, **kwargs})
+    assert exc.value.hint
+
+
+def test_non_utf8_prompt_is_an_error(qwen3_engine) -> None:
+    res = run_cli(qwen3_engine, "--prompt", "def f(\udcff):")  # how Python hands over undecodable argv bytes
+    assert res.exit_code == 1
+    assert "not valid UTF-8" in res.stderr and "hint:" in res.stderr and "Traceback" not in res.output
+
+
+def test_prompt_from_stdin(qwen3_engine) -> None:
+    res = run_cli(qwen3_engine, "-p", "-", "--max-new-tokens", "4", "--json", input="def add(a, b):")
+    assert res.exit_code == 0, res.output
+    assert '"prompt_tokens"' in res.stdout
+
+
+def _bench(engine, *args):
+    recipe = str(engine.recipe.source)
+    cache = str(engine.compile_dir.parents[2])
+    argv = ["bench", "-r", recipe, "--cache-dir", cache, "--dataset", "humaneval", "--max-samples", "1", *args]
+    return runner.invoke(create_app(), argv)
+
+
+def test_bench_block_sizes_with_an_empty_item(qwen3_engine) -> None:
+    res = _bench(qwen3_engine, "--block-sizes", "4,,8")
+    assert res.exit_code == 1 and "invalid --block-sizes" in res.stderr
+
+
+@pytest.mark.parametrize("kind", ["directory", "under-a-file"])
+def test_bench_results_path_that_cannot_be_written(qwen3_engine, tmp_path: Path, kind: str) -> None:
+    target = tmp_path
+    if kind == "under-a-file":
+        (tmp_path / "plain-file").write_text("x")
+        target = tmp_path / "plain-file" / "results.jsonl"
+    res = _bench(qwen3_engine, "--results", str(target))
+    assert res.exit_code == 1, res.output
+    assert "--results" in res.stderr and "hint:" in res.stderr and "Traceback" not in res.output
+
+
+def test_full_disk_during_a_stage_is_one_error_and_publishes_nothing(tiny_qwen3_pair, tmp_path, monkeypatch) -> None:
+    from dflash_cli.cache import Cache
+    from dflash_cli.errors import CacheError
+    from dflash_cli.pipeline import build
+    from dflash_cli.recipe import load_recipe
+    from dflash_cli.stages import export
+
+    def full_disk(self, ctx):
+        (ctx.out_dir / "target.onnx.data").write_bytes(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(export.ExportStage, "run", full_disk)
+    recipe = load_recipe(str(tiny_qwen3_pair.write_recipe(tmp_path / "recipe.yaml")))
+    cache = Cache(tmp_path / "cache")
+    with pytest.raises(CacheError, match="export: No space left on device") as exc:
+        build(recipe, cache)
+    assert "--cache-dir" in exc.value.hint
+    assert {e.stage for e in cache.entries()} == {"convert", "inject"}
+    assert not list(cache.tmp_dir.glob("export-*"))
