@@ -204,10 +204,19 @@ def find_recipe(name_or_path: str) -> Path:
     if name_or_path in available:
         return available[name_or_path]
     names = ", ".join(available) or "none"
+    guess = did_you_mean(name_or_path, available)
     raise RecipeError(
-        f"unknown recipe {name_or_path!r}",
+        f"unknown recipe {name_or_path!r}{guess}",
         hint=f"available recipes: {names} (or pass a path to a .yaml file)",
     )
+
+
+def did_you_mean(word: str, choices) -> str:
+    """`; did you mean 'x'?` for the closest choice, or nothing."""
+    import difflib
+
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -271,11 +280,23 @@ def format_validation_errors(exc: ValidationError) -> list[str]:
     for err in exc.errors():
         loc = ".".join(str(part) for part in err["loc"])
         if err["type"] == "extra_forbidden":
-            msg = "unknown field"
+            msg = "unknown field" + _field_guess(err["loc"])
         else:
             msg = err["msg"].removeprefix("Value error, ")
         out.append(f"{loc}: {msg}" if loc else msg)
     return out
+
+
+def _field_guess(loc: tuple) -> str:
+    """Suggest the known field closest to an unknown one, from the schema of its section."""
+    model: Any = Recipe
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part))
+        model = getattr(field, "annotation", None) if field else None
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return ""
+    names = [f.alias or n for n, f in model.model_fields.items()]
+    return did_you_mean(str(loc[-1]), names)
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:

@@ -104,10 +104,12 @@ def test_debug_env_reraises(env: dict[str, str], monkeypatch: pytest.MonkeyPatch
     assert isinstance(result.exception, RecipeError)
 
 
-def test_unknown_stage_for_rebuild(env: dict[str, str]) -> None:
-    result = invoke("build", "-r", "tiny", "--cache-dir", env["cache"], "--rebuild", "exprot")
-    assert result.exit_code == 1
-    assert result.stderr.splitlines()[-2:] == ["error: unknown stage 'exprot'", "hint: stages: convert, inject"]
+@pytest.mark.parametrize("flag", ["--rebuild", "--upto"])
+def test_unknown_stage_is_a_usage_error_with_a_suggestion(env: dict[str, str], flag: str) -> None:
+    result = invoke("build", "-r", "tiny", "--cache-dir", env["cache"], flag, "exprot")
+    assert result.exit_code == 2  # click's usage-error code, before any settings table or build
+    assert "unknown stage 'exprot'; did you mean 'export'?" in result.stderr
+    assert "dflash build:" not in result.stderr
 
 
 def test_unwritable_cache_dir(env: dict[str, str], tmp_path: Path) -> None:
@@ -134,7 +136,9 @@ def test_cache_ls_verify_clean(env: dict[str, str]) -> None:
 
     kept = json.loads(invoke("cache", "clean", "--cache-dir", env["cache"], "--older-than", "7d", "--json").stdout)
     assert kept["removed"] == []
-    gone = json.loads(invoke("cache", "clean", "--cache-dir", env["cache"], "--json").stdout)
+    refused = invoke("cache", "clean", "--cache-dir", env["cache"], "--json")  # no terminal, no --yes
+    assert refused.exit_code == 1 and "--yes" in refused.stderr
+    gone = json.loads(invoke("cache", "clean", "--cache-dir", env["cache"], "--json", "--yes").stdout)
     assert len(gone["removed"]) == 2
     assert json.loads(invoke("cache", "ls", "--cache-dir", env["cache"], "--json").stdout)["artifacts"] == []
 

@@ -48,10 +48,18 @@ def test_over_long_prompt(qwen3_engine):
     assert "exceeds the" in res.stderr and "export.ctx_len" in res.stderr
 
 
-def test_missing_artifacts_point_at_build(qwen3_engine):
-    res = invoke(qwen3_engine, "--prompt", "x", "--set", "export.ctx_len=96")
-    assert res.exit_code == 1
-    assert "is not built" in res.stderr and "dflash build" in res.stderr and "--set export.ctx_len=96" in res.stderr
+def test_missing_artifacts_are_built_first(qwen3_engine):
+    """Like `dflash bench`, `run` builds the stages a changed setting needs, with progress on stderr."""
+    res = invoke(qwen3_engine, "--prompt", "x", "--set", "export.ctx_len=96", "--max-new-tokens", "3", "--json")
+    assert res.exit_code == 0, res.output
+    assert "export: built" in res.stderr and json.loads(res.stdout)["new_tokens"] <= 3
+
+
+def test_recipe_as_positional_argument(qwen3_engine):
+    cache = str(qwen3_engine.compile_dir.parents[2])
+    argv = ["run", str(qwen3_engine.recipe.source), "--cache-dir", cache, "-p", "x", "--max-new-tokens", "2"]
+    res = runner.invoke(create_app(), argv)
+    assert res.exit_code == 0, res.output
 
 
 def test_sampling_needs_logits(qwen3_engine):

@@ -31,13 +31,30 @@ def create_app() -> typer.Typer:
         help="Compile and run DFlash speculative decoding: convert -> inject -> export -> compile -> run / bench.",
         epilog="Start with: dflash doctor, then dflash build --recipe demo. DFLASH_DEBUG=1 shows tracebacks.",
         no_args_is_help=True,
-        add_completion=False,
+        add_completion=True,  # `dflash --install-completion` for bash/zsh/fish
         pretty_exceptions_enable=False,
         context_settings={"help_option_names": ["-h", "--help"]},
     )
+    app.callback()(_root)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(app)
     return app
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        import dflash_cli
+
+        typer.echo(f"dflash {dflash_cli.__version__}")
+        raise typer.Exit()
+
+
+def _root(
+    version: bool = typer.Option(
+        False, "--version", "-V", callback=_show_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """Compile and run DFlash speculative decoding: convert -> inject -> export -> compile -> run / bench."""
 
 
 def _quiet_third_party() -> None:

@@ -41,6 +41,9 @@ def register(app: typer.Typer) -> None:
 
 @handle_errors
 def build_command(
+    recipe_arg: Annotated[
+        str | None, typer.Argument(metavar="[RECIPE]", help="Recipe name or .yaml path (same as --recipe).")
+    ] = None,
     recipe: RecipeOpt = DEFAULT_RECIPE,
     set_: SetOpt = None,
     cache_dir: CacheDirOpt = None,
@@ -50,7 +53,23 @@ def build_command(
     json_: JsonOpt = False,
 ) -> None:
     """Build every stage of a recipe (convert -> inject -> export -> compile), reusing cached artifacts."""
+    check_stage_names(upto, rebuild)
+    recipe = recipe_arg or recipe
     execute_build(recipe, set_ or [], cache_dir, force=force, rebuild=set(rebuild or []), upto=upto, as_json=json_)
+
+
+def check_stage_names(upto: str | None, rebuild: list[str] | None) -> None:
+    """A misspelt stage is a usage error (exit 2, with the choices), before anything is printed or built."""
+    from dflash_cli.pipeline import STAGE_NAMES
+    from dflash_cli.recipe import did_you_mean
+
+    for flag, names in (("--upto", [upto] if upto else []), ("--rebuild", rebuild or [])):
+        for name in names:
+            if name not in STAGE_NAMES:
+                raise typer.BadParameter(
+                    f"unknown stage {name!r}{did_you_mean(name, STAGE_NAMES)} (stages: {', '.join(STAGE_NAMES)})",
+                    param_hint=flag,
+                )
 
 
 def execute_build(
@@ -71,6 +90,8 @@ def execute_build(
 
     recipe = load_recipe(recipe_ref, overrides)
     cache = Cache(cache_dir)
+    if recipe.compile.backend == "qaic" and upto in (None, "compile"):
+        _require_qaic_sdk()  # before minutes of convert/inject/export that could not be compiled here
     show_settings(
         f"dflash build: {recipe.name}",
         [
@@ -110,6 +131,12 @@ def execute_build(
     if result.stages:
         last = result.stages[-1]
         err_console().print(f"{last.name} artifact: {last.path}", markup=False, highlight=False)
+
+
+def _require_qaic_sdk() -> None:
+    from dflash_cli.qaic.sdk import require_sdk
+
+    require_sdk()
 
 
 @contextlib.contextmanager

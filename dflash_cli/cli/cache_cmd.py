@@ -20,7 +20,7 @@ from dflash_cli.cli.common import (
     print_table,
     short_key,
 )
-from dflash_cli.errors import CacheError
+from dflash_cli.errors import CacheError, DFlashError
 
 cache_app = typer.Typer(help="Inspect and clean the artifact cache.", no_args_is_help=True)
 
@@ -90,18 +90,42 @@ def verify_command(cache_dir: CacheDirOpt = None, json_: JsonOpt = False) -> Non
         )
 
 
-@cache_app.command("clean", epilog=examples("dflash cache clean --older-than 7d", "dflash cache clean --dry-run"))
+def _confirm_everything(cache: Cache) -> None:
+    """Removing every artifact (possibly hours of builds) asks first; without a terminal it needs --yes."""
+    import sys
+
+    count = sum(1 for _ in cache.entries())
+    if count == 0:
+        return
+    if not sys.stdin.isatty():
+        raise DFlashError(
+            f"refusing to remove all {count} cached artifact(s) in {cache.root} without confirmation",
+            hint="pass --yes to remove everything, or --older-than AGE / --dry-run",
+        )
+    if not typer.confirm(f"remove all {count} cached artifact(s) in {cache.root}?", default=False, err=True):
+        raise typer.Exit(1)
+
+
+@cache_app.command(
+    "clean",
+    epilog=examples("dflash cache clean --older-than 7d", "dflash cache clean --dry-run", "dflash cache clean --yes"),
+)
 @handle_errors
 def clean_command(
     older_than: Annotated[
         str | None, typer.Option("--older-than", metavar="AGE", help="Only artifacts older than AGE (30m, 12h, 7d).")
     ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what would be removed; remove nothing.")] = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Remove everything without asking.")] = False,
     cache_dir: CacheDirOpt = None,
     json_: JsonOpt = False,
 ) -> None:
-    """Remove cached artifacts (all, or older than --older-than) and leftovers of interrupted builds."""
+    """Remove cached artifacts (all, or older than --older-than) and leftovers of interrupted builds.
+
+    Files another artifact still uses (hard-linked weights) stay until nothing uses them."""
     cache = Cache(cache_dir)
+    if older_than is None and not dry_run and not yes:
+        _confirm_everything(cache)
     report = cache.clean(parse_age(older_than) if older_than else None, dry_run=dry_run)
     if json_:
         print_json(

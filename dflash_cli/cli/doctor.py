@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +69,14 @@ def collect(cache_dir: Path | None) -> dict[str, Any]:
 
 
 def _writable(path: Path) -> bool:
-    # The cache is created on first build: check the nearest directory that exists.
+    # The cache is created on first build: check the nearest directory that exists. A real write, not
+    # os.access: root passes every permission-bit check, yet read-only filesystems still refuse it.
+    import tempfile
+
     while not path.exists() and path != path.parent:
         path = path.parent
-    return os.access(path, os.W_OK | os.X_OK)
+    try:
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".dflash-probe-"):
+            return True
+    except OSError:
+        return False

@@ -42,6 +42,9 @@ def run_command(
             help="Text to continue (the chat template applies when the recipe enables it); `-` reads stdin.",
         ),
     ],
+    recipe_arg: Annotated[
+        str | None, typer.Argument(metavar="[RECIPE]", help="Recipe name or .yaml path (same as --recipe).")
+    ] = None,
     recipe: RecipeOpt = DEFAULT_RECIPE,
     set_: SetOpt = None,
     cache_dir: CacheDirOpt = None,
@@ -59,15 +62,18 @@ def run_command(
     no_draft: Annotated[bool, typer.Option("--no-draft", help="Plain decoding of the same compiled target.")] = False,
     json_: JsonOpt = False,
 ) -> None:
-    """Generate from a prompt with DFlash (or plain decoding with --no-draft). Needs `dflash build` first."""
+    """Generate from a prompt with DFlash (or plain decoding with --no-draft); builds missing stages first."""
     from dflash_cli.cache import Cache
-    from dflash_cli.decoding.engine import Engine
+    from dflash_cli.cli.build import build_progress
+    from dflash_cli.decoding.engine import build_engine
     from dflash_cli.recipe import load_recipe
 
     prompt = _read_prompt(prompt)
-    r = load_recipe(recipe, set_ or [])
+    r = load_recipe(recipe_arg or recipe, set_ or [])
     run = r.run
-    engine = Engine.load(r, Cache(cache_dir))
+    with build_progress() as on_event:
+        # Same as `dflash bench`: stages not yet built are built (progress on stderr); cached ones are silent.
+        engine = build_engine(r, Cache(cache_dir), lambda e: None if e.message == "cached" else on_event(e))
     ids = engine.encode_prompt(prompt)
     streamer = _Streamer(engine) if not json_ else None
     result = engine.generate(
