@@ -90,28 +90,31 @@ PAIRS = {
 }
 
 
+def layer_shapes(c: dict, prefix: str, qk_norm: bool) -> dict[str, tuple[int, ...]]:
+    """One decoder layer's tensors (Hugging Face names under `prefix`)."""
+    H, inter, d = c["hidden_size"], c["intermediate_size"], c["head_dim"]
+    q, kv = c["num_attention_heads"] * d, c["num_key_value_heads"] * d
+    shapes = {
+        "input_layernorm.weight": (H,),
+        "self_attn.q_proj.weight": (q, H),
+        "self_attn.k_proj.weight": (kv, H),
+        "self_attn.v_proj.weight": (kv, H),
+        "self_attn.o_proj.weight": (H, q),
+        "post_attention_layernorm.weight": (H,),
+        "mlp.gate_proj.weight": (inter, H),
+        "mlp.up_proj.weight": (inter, H),
+        "mlp.down_proj.weight": (H, inter),
+    }
+    if qk_norm:
+        shapes.update({"self_attn.q_norm.weight": (d,), "self_attn.k_norm.weight": (d,)})
+    return {prefix + k: v for k, v in shapes.items()}
+
+
 def target_shapes(c: dict) -> dict[str, tuple[int, ...]]:
-    H, inter, V = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
-    q, kv = c["num_attention_heads"] * c["head_dim"], c["num_key_value_heads"] * c["head_dim"]
+    H, V = c["hidden_size"], c["vocab_size"]
     shapes = {"model.embed_tokens.weight": (V, H)}
     for i in range(c["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        shapes.update(
-            {
-                p + "input_layernorm.weight": (H,),
-                p + "self_attn.q_proj.weight": (q, H),
-                p + "self_attn.k_proj.weight": (kv, H),
-                p + "self_attn.v_proj.weight": (kv, H),
-                p + "self_attn.o_proj.weight": (H, q),
-                p + "post_attention_layernorm.weight": (H,),
-                p + "mlp.gate_proj.weight": (inter, H),
-                p + "mlp.up_proj.weight": (inter, H),
-                p + "mlp.down_proj.weight": (H, inter),
-            }
-        )
-        if c["model_type"] == "qwen3":
-            shapes[p + "self_attn.q_norm.weight"] = (c["head_dim"],)
-            shapes[p + "self_attn.k_norm.weight"] = (c["head_dim"],)
+        shapes.update(layer_shapes(c, f"model.layers.{i}.", c["model_type"] == "qwen3"))
     shapes["model.norm.weight"] = (H,)
     if not c["tie_word_embeddings"]:
         shapes["lm_head.weight"] = (V, H)
@@ -119,26 +122,11 @@ def target_shapes(c: dict) -> dict[str, tuple[int, ...]]:
 
 
 def draft_shapes(c: dict, n_features: int) -> dict[str, tuple[int, ...]]:
-    H, inter = c["hidden_size"], c["intermediate_size"]
-    q, kv, d = c["num_attention_heads"] * c["head_dim"], c["num_key_value_heads"] * c["head_dim"], c["head_dim"]
+    """z-lab draft layout: Qwen3-style layers without the `model.` prefix, plus fc and the two norms."""
+    H = c["hidden_size"]
     shapes = {"fc.weight": (H, n_features * H), "hidden_norm.weight": (H,), "norm.weight": (H,)}
     for i in range(c["num_hidden_layers"]):
-        p = f"layers.{i}."
-        shapes.update(
-            {
-                p + "input_layernorm.weight": (H,),
-                p + "self_attn.q_proj.weight": (q, H),
-                p + "self_attn.k_proj.weight": (kv, H),
-                p + "self_attn.v_proj.weight": (kv, H),
-                p + "self_attn.o_proj.weight": (H, q),
-                p + "self_attn.q_norm.weight": (d,),
-                p + "self_attn.k_norm.weight": (d,),
-                p + "post_attention_layernorm.weight": (H,),
-                p + "mlp.gate_proj.weight": (inter, H),
-                p + "mlp.up_proj.weight": (inter, H),
-                p + "mlp.down_proj.weight": (H, inter),
-            }
-        )
+        shapes.update(layer_shapes(c, f"layers.{i}.", True))
     return shapes
 
 

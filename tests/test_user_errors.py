@@ -106,3 +106,29 @@ def test_full_disk_during_a_stage_is_one_error_and_publishes_nothing(tiny_qwen3_
     assert "--cache-dir" in exc.value.hint
     assert {e.stage for e in cache.entries()} == {"convert", "inject"}
     assert not list(cache.tmp_dir.glob("export-*"))
+
+
+def test_flipped_byte_in_a_real_graph_stops_run_and_rebuild_fixes_it(tiny_qwen3_pair, tmp_path) -> None:
+    """One flipped byte in the cached target.onnx (rewritten, same size): no wrong answer, a clear error."""
+    import time
+
+    recipe = str(tiny_qwen3_pair.write_recipe(tmp_path / "recipe.yaml"))
+    cache = str(tmp_path / "cache")
+    app = create_app()
+    assert runner.invoke(app, ["build", "-r", recipe, "--cache-dir", cache]).exit_code == 0
+    (graph,) = (tmp_path / "cache" / "artifacts" / "export").glob("*/target.onnx")
+    data = bytearray(graph.read_bytes())
+    data[len(data) // 3] ^= 0x01
+    time.sleep(0.01)
+    graph.write_bytes(bytes(data))  # in place: compile's hard link sees the same damage
+
+    run = runner.invoke(app, ["run", "-r", recipe, "--cache-dir", cache, "-p", "x", "--max-new-tokens", "3"])
+    assert run.exit_code == 1
+    assert "export artifact" in run.stderr and "is damaged" in run.stderr and "target.onnx" in run.stderr
+    assert "--rebuild export" in run.stderr
+    build = runner.invoke(app, ["build", "-r", recipe, "--cache-dir", cache, "--rebuild", "compile"])
+    assert build.exit_code == 1 and "--rebuild export" in build.stderr  # never builds on the damaged graph
+    fixed = runner.invoke(app, ["build", "-r", recipe, "--cache-dir", cache, "--rebuild", "export"])
+    assert fixed.exit_code == 0, fixed.output
+    again = runner.invoke(app, ["run", "-r", recipe, "--cache-dir", cache, "-p", "x", "--max-new-tokens", "3"])
+    assert again.exit_code == 0, again.output
