@@ -129,3 +129,14 @@ def test_plain_decoding_never_loads_the_draft(built) -> None:
     assert engine._draft is None  # `dflash run --no-draft` holds only the target in memory
     assert engine.generate([3, 4, 5, 6], mode="dflash", max_new_tokens=6).tokens == plain.tokens
     assert engine._draft is not None
+
+
+def test_both_sessions_share_one_memory_mapped_embedding(built) -> None:
+    from dflash_cli.decoding.engine import Engine
+
+    recipe, cache, _ = built
+    engine = Engine.load(recipe, cache)
+    plain = engine.generate([3, 4, 5, 6], mode="plain", max_new_tokens=6)
+    assert engine._tables.count == 1  # the target's embedding table
+    assert engine.generate([3, 4, 5, 6], mode="dflash", max_new_tokens=6).tokens == plain.tokens
+    assert engine._tables.count == 1  # the draft's embedding is the same mapping, not a second copy

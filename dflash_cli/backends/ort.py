@@ -46,10 +46,15 @@ def resolve_provider(requested: str) -> str:
 
 
 class OrtSession:
-    def __init__(self, onnx_path: Path, name: str, settings: OrtSettings = OrtSettings()) -> None:
+    def __init__(
+        self, onnx_path: Path, name: str, settings: OrtSettings = OrtSettings(), initializers: dict | None = None
+    ) -> None:
+        """`initializers`: name -> OrtValue replacing the graph's own (shared, memory-mapped tables)."""
         import onnxruntime as ort
 
         opts = ort.SessionOptions()
+        for init_name, value in (initializers or {}).items():
+            opts.add_initializer(init_name, value)
         opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _OPT_LEVELS[settings.graph_optimization])
         if settings.intra_op_threads:
             opts.intra_op_num_threads = settings.intra_op_threads

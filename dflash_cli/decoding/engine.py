@@ -56,7 +56,12 @@ class Engine:
         if self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in self.eos_token_ids:
             self.eos_token_ids.append(self.tokenizer.eos_token_id)
         backend = recipe.compile.backend
-        self.target = _open(backend, artifacts.compile, "target", recipe)
+        self._tables = None
+        if backend == "ort":
+            from dflash_cli.backends.ort_shared import SharedTables
+
+            self._tables = SharedTables()  # the embedding both graphs read: one memory map for both sessions
+        self.target = _open(backend, artifacts.compile, "target", recipe, self._tables)
         self._draft = None  # opened on first use: plain decoding never loads the draft
         self.provider = getattr(self.target, "provider", backend)
         self.weight_bytes = {
@@ -66,7 +71,7 @@ class Engine:
     @property
     def draft(self):
         if self._draft is None:
-            self._draft = _open(self.recipe.compile.backend, self.compile_dir, "draft", self.recipe)
+            self._draft = _open(self.recipe.compile.backend, self.compile_dir, "draft", self.recipe, self._tables)
         return self._draft
 
     @draft.setter
@@ -201,7 +206,7 @@ def _median_seconds(call, repeats: int) -> float:
     return statistics.median(samples)
 
 
-def _open(backend: str, compile_dir: Path, graph: str, recipe: Any):
+def _open(backend: str, compile_dir: Path, graph: str, recipe: Any, tables=None):
     info = json.loads((compile_dir / "export.json").read_text())
     if backend == "qaic":
         from dflash_cli.qaic.runtime import open_qaic_session
@@ -209,14 +214,14 @@ def _open(backend: str, compile_dir: Path, graph: str, recipe: Any):
         return open_qaic_session(compile_dir, graph, list(recipe.compile.qaic.devices))
     if backend != "ort":
         raise BackendError(f"unknown backend {backend!r}", hint="compile.backend is ort or qaic")
-    from dflash_cli.backends.ort import OrtSession, OrtSettings
+    from dflash_cli.backends.ort import OrtSession, OrtSettings, resolve_provider
 
     o = recipe.compile.ort
-    sess = OrtSession(
-        compile_dir / info["graphs"][graph]["onnx"],
-        graph,
-        OrtSettings(o.intra_op_threads, o.graph_optimization, o.provider, o.allow_spinning),
-    )
+    path = compile_dir / info["graphs"][graph]["onnx"]
+    settings = OrtSettings(o.intra_op_threads, o.graph_optimization, o.provider, o.allow_spinning)
+    on_cpu = resolve_provider(settings.provider) == "CPUExecutionProvider"
+    shared = tables.for_graph(path) if tables is not None and on_cpu else None
+    sess = OrtSession(path, graph, settings, shared)
     return sess
 
 
