@@ -28,7 +28,7 @@ def register(app: typer.Typer) -> None:
         "compile",
         epilog=examples(
             "dflash compile --recipe demo",
-            "dflash compile -r demo --set compile.ort.precision=int8",
+            "dflash compile -r demo --set compile.ort.precision=int4",
             "dflash compile -r qwen3-8b --backend qaic",
             "dflash compile -r qwen3-8b --backend qaic --emit-script ./qaic-bundle   # no card or SDK needed",
         ),
@@ -54,7 +54,7 @@ def compile_command(
     rebuild: RebuildOpt = None,
     json_: JsonOpt = False,
 ) -> None:
-    """Compile the exported graphs: ONNX Runtime (default; fp32 or int8) or Qualcomm Cloud AI 100 (qaic-compile)."""
+    """Compile the exported graphs: ONNX Runtime (default; fp32, or weight-only int8 / int4) or Cloud AI 100."""
     overrides = list(set_ or []) + ([f"compile.backend={backend}"] if backend else [])
     if emit_script is None:
         stages = set(rebuild or []) | ({"compile"} if force else set())
