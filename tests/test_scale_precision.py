@@ -125,3 +125,12 @@ def test_twin_validation_passes_and_catches_a_bad_weight(tiny_llama_pair: TinyPa
     monkeypatch.setattr(graphs, "_reader", corrupt)
     with pytest.raises(ExportValidationError, match="export validation failed"):
         build_recipe(tiny_llama_pair, tmp_path / "bad")
+
+
+def test_int4_from_an_fp16_export_stays_lossless(tiny_llama_pair: TinyPair, tmp_path: Path) -> None:
+    engine = open_engine(tiny_llama_pair, tmp_path, export={"dtype": "fp16"}, compile={"ort": {"precision": "int4"}})
+    facts = json.loads((engine.compile_dir / "compile.json").read_text())
+    assert facts["checks"] == "smoke + causal invariance"
+    for prompt in _prompts(engine, n=4):
+        plain = engine.generate(prompt, mode="plain", max_new_tokens=10)
+        assert engine.generate(prompt, mode="dflash", max_new_tokens=10).tokens == plain.tokens
