@@ -33,6 +33,10 @@ def test_weight_only_precisions_stay_lossless(precision: str, family: str, reque
 
     ops = {n.op_type for n in onnx.load(str(engine.compile_dir / "target.onnx"), load_external_data=False).graph.node}
     assert "MatMulNBits" in ops
+    # The draft's lm_head is the target's tensor: quantised once, the draft points at the target's copy.
+    draft = onnx.load(str(engine.compile_dir / "draft.onnx"), load_external_data=False)
+    head = next(t for t in draft.graph.initializer if "lm_head" in t.name and t.name.endswith(f".w{precision[-1]}"))
+    assert {e.key: e.value for e in head.external_data}["location"] == "target.onnx.q.data"
     for prompt in _prompts(engine):
         plain = engine.generate(prompt, mode="plain", max_new_tokens=12)
         assert engine.generate(prompt, mode="dflash", max_new_tokens=12).tokens == plain.tokens

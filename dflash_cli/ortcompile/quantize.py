@@ -39,13 +39,18 @@ def quantize_graph(
     block_size: int,
     accuracy_level: int = 0,
     progress: Callable[[str], None] = lambda m: None,
+    done: dict | None = None,
 ) -> QuantResult:
     """Write dst_onnx (graph) + dst_onnx.q.data (quantised weights); other weights keep src's data file.
 
     dst_onnx must be in a directory where src's external data files are reachable under the same names.
+    `done` carries the quantised tensors of graphs compiled before, by source bytes: a weight the
+    draft shares with the target (its lm_head) points at the target's .q.data instead of a second copy.
     """
     import onnx
-    from onnx import TensorProto, helper
+    from onnx import helper
+
+    done = {} if done is None else done
 
     model = onnx.load(str(src_onnx), load_external_data=False)
     graph = model.graph
@@ -84,6 +89,16 @@ def quantize_graph(
     rewritten = 0
     with (dst_onnx.parent / data_name).open("wb") as f:
         for k, (weight, transposed, tnode, matmuls) in enumerate(plans.values()):
+            identity = _source_identity(weight, src_onnx.parent, transposed)
+            if identity is not None and identity in done:
+                K, N, places = done[identity]
+                tensors = [_external_tensor(name, *place) for name, place in places]
+                new_inits += tensors
+                _rewrite(matmuls, tensors, K, N, bits, block_size, accuracy_level)
+                rewritten += len(matmuls)
+                if tnode is not None:
+                    removed_nodes.add(id(tnode))
+                continue
             w = read_initializer(weight, src_onnx.parent)
             kn = np.ascontiguousarray(w.T if transposed else w)  # [K, N], as MatMulNBits' quantiser wants
             if kn.dtype not in (np.float32, np.float16):
@@ -93,35 +108,21 @@ def quantize_graph(
             del kn, w
             base = f"{weight.name}.w{bits}"
             tensors = []
+            places = []
             for name, arr in ((base, packed), (base + ".scales", scales)):
                 pad = (-offset) % ALIGNMENT if arr.nbytes > ALIGNMENT else 0
                 f.write(b"\0" * pad)
                 offset += pad
                 f.write(arr.tobytes())
-                t = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(arr.dtype))
-                t.dims.extend(arr.shape)
-                t.data_location = TensorProto.EXTERNAL
-                for key, value in (("location", data_name), ("offset", str(offset)), ("length", str(arr.nbytes))):
-                    e = t.external_data.add()
-                    e.key, e.value = key, value
+                place = (helper.np_dtype_to_tensor_dtype(arr.dtype), tuple(arr.shape), data_name, offset, arr.nbytes)
+                tensors.append(_external_tensor(name, *place))
+                places.append((name, place))
                 offset += arr.nbytes
-                tensors.append(t)
+            if identity is not None:
+                done[identity] = (K, N, places)
             new_inits += tensors
-            for node in matmuls:
-                qnode = helper.make_node(
-                    "MatMulNBits",
-                    [node.input[0], tensors[0].name, tensors[1].name],
-                    list(node.output),
-                    name=(node.name or node.output[0]) + "_nbits",
-                    domain="com.microsoft",
-                    K=K,
-                    N=N,
-                    bits=bits,
-                    block_size=block_size,
-                    **({"accuracy_level": accuracy_level} if accuracy_level else {}),
-                )
-                node.CopyFrom(qnode)
-                rewritten += 1
+            _rewrite(matmuls, tensors, K, N, bits, block_size, accuracy_level)
+            rewritten += len(matmuls)
             if tnode is not None:
                 removed_nodes.add(id(tnode))
             if (k + 1) % 16 == 0 or k + 1 == len(plans):
@@ -138,6 +139,52 @@ def quantize_graph(
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     onnx.save_model(model, str(dst_onnx))
     return QuantResult(rewritten, offset)
+
+
+def _source_identity(weight, base_dir: Path, transposed: bool):
+    """The stored bytes a weight initializer points at (file, offset, length), or None when inline."""
+    import os
+
+    from onnx import TensorProto
+
+    from dflash_cli.exporting.onnx_data import external_info
+
+    if weight.data_location != TensorProto.EXTERNAL:
+        return None
+    info = external_info(weight)
+    where = os.path.realpath(base_dir / info["location"])
+    return (where, int(info.get("offset", 0)), int(info.get("length", 0)), transposed)
+
+
+def _external_tensor(name: str, data_type: int, shape: tuple, location: str, offset: int, length: int):
+    from onnx import TensorProto
+
+    t = TensorProto(name=name, data_type=data_type)
+    t.dims.extend(shape)
+    t.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
+        e = t.external_data.add()
+        e.key, e.value = key, value
+    return t
+
+
+def _rewrite(matmuls, tensors, K: int, N: int, bits: int, block_size: int, accuracy_level: int) -> None:
+    from onnx import helper
+
+    for node in matmuls:
+        qnode = helper.make_node(
+            "MatMulNBits",
+            [node.input[0], tensors[0].name, tensors[1].name],
+            list(node.output),
+            name=(node.name or node.output[0]) + "_nbits",
+            domain="com.microsoft",
+            K=K,
+            N=N,
+            bits=bits,
+            block_size=block_size,
+            **({"accuracy_level": accuracy_level} if accuracy_level else {}),
+        )
+        node.CopyFrom(qnode)
 
 
 def _quantize(kn: np.ndarray, bits: int, block_size: int) -> tuple[np.ndarray, np.ndarray]:

@@ -72,10 +72,16 @@ def _compile_ort(ctx: StageContext) -> dict[str, Any]:
     if precision != "fp32":
         bits = 8 if precision == "int8" else 4
         facts["block_size"] = ort_cfg.block_size
+        done: dict = {}  # quantised once, referenced by both graphs (the draft's lm_head is the target's)
         for gname, g in info["graphs"].items():
             ctx.progress(f"quantising {gname} MatMul weights to int{bits} (weight-only, block {ort_cfg.block_size})")
             result = quantize_graph(
-                src / g["onnx"], out / g["onnx"], bits=bits, block_size=ort_cfg.block_size, progress=ctx.progress
+                src / g["onnx"],
+                out / g["onnx"],
+                bits=bits,
+                block_size=ort_cfg.block_size,
+                progress=ctx.progress,
+                done=done,
             )
             facts[f"{gname}_quantized_matmuls"] = result.quantized
             if result.quantized == 0:
