@@ -1,4 +1,4 @@
-"""Locate, load and fingerprint Hugging Face checkpoints (config.json + safetensors).
+"""Locate, check and fingerprint Hugging Face checkpoints (tensors themselves are read by weights.py).
 
 Locating is offline only: a local directory, else a repo id already in the local Hugging Face
 cache. Nothing global (env vars, hub settings) is changed to get there.
@@ -155,23 +155,6 @@ def read_safetensors_header(path: Path) -> bytes:
     return raw
 
 
-def load_state_dict(checkpoint_dir: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of the checkpoint, by its stored name, on CPU."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    tensors: dict[str, torch.Tensor] = {}
-    for path in weight_files(checkpoint_dir):
-        read_safetensors_header(path)  # a clear error for truncation instead of a deep library one
-        try:
-            tensors.update(load_file(str(path)))
-        except SafetensorError as exc:
-            raise CheckpointError(
-                f"corrupt safetensors file {path}: {exc}", hint="download or convert the checkpoint again"
-            ) from None
-    return tensors
-
-
 def fingerprint(checkpoint_dir: Path) -> dict[str, Any]:
     """Cheap identity of a checkpoint for cache keys (see the module docstring for what it covers)."""
     checkpoint_dir = Path(checkpoint_dir)
@@ -209,9 +192,3 @@ def save_state_dict(tensors: dict[str, torch.Tensor], path: Path) -> None:
 
     # contiguous + distinct storage: safetensors refuses views and shared tensors
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(path), metadata={"format": "pt"})
-
-
-def tensor_shapes(path: Path) -> dict[str, tuple[int, ...]]:
-    """Name -> shape of every tensor in one safetensors file, read from its header only."""
-    header = json.loads(read_safetensors_header(path))
-    return {k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"}

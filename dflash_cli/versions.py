@@ -44,10 +44,10 @@ RECORDED_TOOLS = ("torch", "transformers", "onnx", "onnxruntime")
 
 
 @functools.cache
-def tool_versions(tools: tuple[str, ...] | None = None) -> dict[str, str]:
-    """dflash's version and those of `tools` (default: the recorded set)."""
+def tool_versions() -> dict[str, str]:
+    """dflash's version and those of the recorded tools (every manifest keeps them)."""
     versions = {"dflash": dflash_cli.__version__}
-    for tool in RECORDED_TOOLS if tools is None else tools:
+    for tool in RECORDED_TOOLS:
         versions[tool] = package_version(tool) or "absent"
     return versions
 

@@ -330,7 +330,7 @@ def test_bad_safetensors_header(qwen3_copy: TinyPair) -> None:
     data[:8] = (10**12).to_bytes(8, "little")
     path.write_bytes(bytes(data))
     with pytest.raises(CheckpointError) as exc:
-        ckpt.load_state_dict(qwen3_copy.draft_dir)
+        WeightStore.open(qwen3_copy.draft_dir)
     assert_one_line_error(exc, "corrupt safetensors file", "model.safetensors", "header claims")
 
 
@@ -342,8 +342,8 @@ def test_sharded_checkpoint_loads(tiny_llama_pair: TinyPair, tmp_path: Path) -> 
         save_file({k: tensors[k] for k in keys}, tmp_path / file)
     weight_map = {k: file for file, keys in shards.items() for k in keys}
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    loaded = ckpt.load_state_dict(tmp_path)
-    assert set(loaded) == set(tensors) and all(torch.equal(loaded[k], tensors[k]) for k in names)
+    loaded = WeightStore.open(tmp_path)
+    assert set(loaded.names()) == set(tensors) and all(torch.equal(loaded.get(k), tensors[k]) for k in names)
     assert set(ckpt.fingerprint(tmp_path)["weights"]) == set(shards)
 
 
