@@ -298,6 +298,10 @@ def _check_writable(path: Path, flag: str) -> None:
         else:
             with tempfile.NamedTemporaryFile(dir=parent, prefix=".dflash-probe-"):
                 pass
+    except (FileExistsError, NotADirectoryError):
+        raise DFlashError(
+            f"{flag} {path}: a parent of it is a file, not a directory", hint=f"pass a writable path to {flag}"
+        ) from None
     except OSError as exc:
         raise DFlashError(
             f"{flag} {path} is not writable: {exc.strerror or exc}", hint=f"pass a writable path to {flag}"
