@@ -55,3 +55,7 @@ class ThresholdError(DFlashError):
     """A benchmark floor (--min-speedup / --min-tau) was not met."""
 
     exit_code = 4
+
+
+class ServeError(DFlashError):
+    """The server cannot start: address in use, missing serving dependencies."""

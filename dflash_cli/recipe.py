@@ -121,6 +121,12 @@ class RunConfig(_Section):
         return stop
 
 
+class ServeConfig(_Section):
+    host: str = "127.0.0.1"  # loopback by default: exposing a server is an explicit choice
+    port: int = Field(default=8000, ge=0, le=65535)  # 0 = any free port (printed at start)
+    queue_size: int = Field(default=8, ge=0)  # requests that may wait while one is decoded; more get 503
+
+
 class Recipe(_Section):
     name: str = Field(min_length=1)
     family: Literal["qwen3", "llama"]
@@ -130,6 +136,7 @@ class Recipe(_Section):
     export: ExportConfig = ExportConfig()
     compile: CompileConfig = CompileConfig()
     run: RunConfig = RunConfig()
+    serve: ServeConfig = ServeConfig()
 
     _source: Path | None = PrivateAttr(default=None)
     _overrides: tuple[str, ...] = PrivateAttr(default=())

@@ -20,6 +20,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "dflash_cli.cli.doctor",
     "dflash_cli.cli.compile_cmd",
     "dflash_cli.cli.run",
+    "dflash_cli.cli.serve",
     "dflash_cli.cli.bench",
     "dflash_cli.cli.check",
 )

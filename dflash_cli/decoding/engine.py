@@ -93,12 +93,23 @@ class Engine:
             raise GenerationError("the prompt is empty", hint='pass some text: --prompt "def fibonacci(n):"')
         if run.chat_template and getattr(self.tokenizer, "chat_template", None):
             messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-            kwargs = {"enable_thinking": run.enable_thinking} if self.recipe.family == "qwen3" else {}
-            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
-            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+            return self._templated(messages, run.enable_thinking)
         if not isinstance(prompt, str):
             prompt = "\n\n".join(m["content"] for m in prompt)
         return list(self.tokenizer(prompt)["input_ids"])
+
+    def encode_chat(self, messages: list[dict], enable_thinking: bool | None = None) -> list[int]:
+        """Chat messages through the tokenizer's chat template whatever `run.chat_template` says (a chat
+        request is a chat); a tokenizer without a template gets the contents joined, as encode_prompt does."""
+        if not getattr(self.tokenizer, "chat_template", None):
+            return list(self.tokenizer("\n\n".join(m["content"] for m in messages))["input_ids"])
+        thinking = self.recipe.run.enable_thinking if enable_thinking is None else enable_thinking
+        return self._templated(messages, thinking)
+
+    def _templated(self, messages: list[dict], enable_thinking: bool) -> list[int]:
+        kwargs = {"enable_thinking": enable_thinking} if self.recipe.family == "qwen3" else {}
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)

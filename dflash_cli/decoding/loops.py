@@ -27,9 +27,14 @@ class LoopConfig:
 
 
 class _Output:
-    """Committed tokens with stop/length handling; `done` once either triggers."""
+    """Committed tokens with stop/length handling; `done` once either triggers.
 
-    def __init__(self, cfg: LoopConfig, on_commit: Callable[[list[int]], None] | None) -> None:
+    `on_commit` receives each step's committed tokens; returning a non-empty string (e.g. "stop_string",
+    "cancelled") ends generation with that reason after the current step, which is how a caller
+    stops on text or abandons a request without waiting for max_new_tokens.
+    """
+
+    def __init__(self, cfg: LoopConfig, on_commit: Callable[[list[int]], str | None] | None) -> None:
         self.cfg, self.tokens, self.stopped, self._on_commit = cfg, [], "", on_commit
 
     def commit(self, new: list[int]) -> None:
@@ -46,7 +51,9 @@ class _Output:
         if len(self.tokens) >= self.cfg.max_new_tokens and not self.stopped:
             self.stopped = "length"
         if taken and self._on_commit:
-            self._on_commit(taken)
+            reason = self._on_commit(taken)
+            if reason and not self.stopped:
+                self.stopped = reason
 
     @property
     def done(self) -> bool:

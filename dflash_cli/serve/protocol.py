@@ -1,0 +1,237 @@
+"""OpenAI-compatible request parsing and response bodies (completions and chat completions).
+
+Parsing is by hand rather than by a schema so every refusal is one OpenAI-style error with the
+same wording the CLI uses, and unknown fields that clients routinely send are ignored.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from dflash_cli.errors import DFlashError
+
+
+class ApiError(Exception):
+    """An error answered as `{"error": {...}}` with an HTTP status (400 unless said otherwise)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int = 400,
+        param: str | None = None,
+        code: str | None = None,
+        hint: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message, self.status, self.param, self.code, self.hint = message, status, param, code, hint
+        self.headers = headers or {}
+
+    @classmethod
+    def from_dflash(cls, exc: DFlashError, status: int = 400) -> ApiError:
+        return cls(exc.message, status=status, hint=exc.hint)
+
+    def body(self) -> dict[str, Any]:
+        kind = "invalid_request_error" if self.status < 500 else "server_error"
+        err: dict[str, Any] = {"message": self.message, "type": kind, "param": self.param, "code": self.code}
+        if self.hint:
+            err["hint"] = self.hint  # extension: what the CLI prints as `hint:`
+        return {"error": err}
+
+
+@dataclass
+class GenRequest:
+    kind: str  # "completion" | "chat"
+    model: str
+    prompt: str | list[dict] | list[int]  # text, chat messages, or token ids
+    max_tokens: int
+    temperature: float
+    top_k: int
+    top_p: float
+    seed: int
+    stop: list[str]
+    stream: bool = False
+    include_usage: bool = False
+    enable_thinking: bool | None = None  # chat only; None = the recipe's run.enable_thinking
+    return_token_ids: bool = False  # extension (vLLM has it too): the completion's token ids in the choice
+    id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+def parse_request(body: Any, kind: str, model_name: str, defaults: Any) -> GenRequest:
+    """Validate one request body; `defaults` is the recipe's run section (what `dflash run` uses)."""
+    if not isinstance(body, dict):
+        raise ApiError("the request body must be a JSON object", code="invalid_json")
+    model = body.get("model", model_name)
+    if model != model_name:
+        raise ApiError(
+            f"model {model!r} is not served here",
+            param="model",
+            code="model_not_found",
+            hint=f"this server serves {model_name!r} (GET /v1/models)",
+        )
+    if kind == "chat":
+        prompt: Any = _messages(body.get("messages"))
+        max_key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    else:
+        prompt = _prompt(body.get("prompt"))
+        max_key = "max_tokens"
+    n = body.get("n", 1)
+    if n not in (1, None):
+        raise ApiError("only n=1 is supported", param="n", hint="send one request per completion")
+    unsupported = [k for k in ("logprobs", "top_logprobs", "echo", "suffix", "tools", "functions") if body.get(k)]
+    unsupported += ["best_of"] if body.get("best_of") not in (None, 1) else []
+    if unsupported:
+        raise ApiError(
+            f"{unsupported[0]!r} is not supported by dflash serve", param=unsupported[0], hint="leave the field out"
+        )
+    stream_options = body.get("stream_options") or {}
+    kwargs = body.get("chat_template_kwargs") or {}
+    if not isinstance(kwargs, dict) or not isinstance(stream_options, dict):
+        raise ApiError("chat_template_kwargs and stream_options must be objects")
+    thinking = kwargs.get("enable_thinking")
+    top_k = _number(body, "top_k", int, defaults.top_k, low=-1)  # -1 (vLLM's "off") is our 0
+    return GenRequest(
+        kind=kind,
+        model=model_name,
+        prompt=prompt,
+        max_tokens=_number(body, max_key, int, defaults.max_new_tokens, low=1),
+        temperature=_number(body, "temperature", float, defaults.temperature, low=0.0),
+        top_k=0 if top_k == -1 else top_k,
+        top_p=_number(body, "top_p", float, defaults.top_p, low=0.0, high=1.0, open_low=True),
+        seed=_number(body, "seed", int, defaults.seed, low=0),
+        stop=_stop(body.get("stop"), list(defaults.stop)),
+        stream=_bool(body, "stream"),
+        include_usage=bool(stream_options.get("include_usage")),
+        enable_thinking=None if thinking is None else bool(thinking),
+        return_token_ids=_bool(body, "return_token_ids"),
+    )
+
+
+def _prompt(value: Any) -> str | list[int]:
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
+        value = value[0]
+    if isinstance(value, list) and value and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        return list(value)  # token ids
+    if not isinstance(value, str):
+        raise ApiError("'prompt' must be a string (or one string in a list, or a list of token ids)", param="prompt")
+    return value
+
+
+def _messages(value: Any) -> list[dict]:
+    if not isinstance(value, list) or not value:
+        raise ApiError("'messages' must be a non-empty list of {role, content} objects", param="messages")
+    out = []
+    for i, m in enumerate(value):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise ApiError(f"messages[{i}] needs a 'role' string and 'content'", param="messages")
+        content = m.get("content")
+        if isinstance(content, list):  # content parts: only text is understood
+            parts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+            if len(parts) != len(content) or not all(isinstance(p, str) for p in parts):
+                raise ApiError(f"messages[{i}]: only text content parts are supported", param="messages")
+            content = "".join(parts)
+        if content is None:
+            content = ""
+        if not isinstance(content, str):
+            raise ApiError(f"messages[{i}].content must be a string", param="messages")
+        out.append({"role": m["role"], "content": content})
+    return out
+
+
+def _number(body: dict, key: str, kind: type, default: Any, *, low=None, high=None, open_low=False) -> Any:
+    value = body.get(key)
+    if value is None:
+        return default
+    numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not numeric or (kind is int and not float(value).is_integer()):
+        raise ApiError(f"{key!r} must be {'an integer' if kind is int else 'a number'}, got {value!r}", param=key)
+    value = kind(value)
+    too_low = low is not None and (value <= low if open_low else value < low)
+    if too_low or (high is not None and value > high):
+        bound = f"{'>' if open_low else '>='} {low}" if low is not None else ""
+        bound += (" and " if bound and high is not None else "") + (f"<= {high}" if high is not None else "")
+        raise ApiError(f"{key!r} must be {bound}, got {value!r}", param=key)
+    return value
+
+
+def _bool(body: dict, key: str) -> bool:
+    value = body.get(key, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise ApiError(f"{key!r} must be true or false", param=key)
+    return value
+
+
+def _stop(value: Any, default: list[str]) -> list[str]:
+    if value is None:
+        return default
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > 16:
+        raise ApiError("'stop' must be a non-empty string or a list of up to 16 of them", param="stop")
+    return stops
+
+
+# ---------------------------------------------------------------------------------------------
+# Response bodies
+
+
+def finish_reason(stopped: str) -> str:
+    """OpenAI's reasons; a request its client abandoned is "abort" (as vLLM counts it)."""
+    return {"length": "length", "cancelled": "abort"}.get(stopped, "stop")
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def full_response(
+    req: GenRequest, text: str, reason: str, use: dict, extension: dict, token_ids: list[int]
+) -> dict[str, Any]:
+    if req.kind == "chat":
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason}
+        obj, prefix = "chat.completion", "chatcmpl-"
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+        obj, prefix = "text_completion", "cmpl-"
+    if req.return_token_ids:
+        choice["token_ids"] = token_ids
+    return {
+        "id": prefix + req.id,
+        "object": obj,
+        "created": req.created,
+        "model": req.model,
+        "choices": [choice],
+        "usage": use,
+        **extension,
+    }
+
+
+def chunk(req: GenRequest, text: str | None, reason: str | None = None, *, first: bool = False) -> dict[str, Any]:
+    """One streamed piece; `text` None with a reason is the closing chunk."""
+    if req.kind == "chat":
+        delta: dict[str, Any] = {"role": "assistant"} if first else {}
+        if text:
+            delta["content"] = text
+        choice = {"index": 0, "delta": delta, "finish_reason": reason}
+        obj, prefix = "chat.completion.chunk", "chatcmpl-"
+    else:
+        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}
+        obj, prefix = "text_completion", "cmpl-"
+    return {"id": prefix + req.id, "object": obj, "created": req.created, "model": req.model, "choices": [choice]}
+
+
+def usage_chunk(req: GenRequest, use: dict) -> dict[str, Any]:
+    obj = "chat.completion.chunk" if req.kind == "chat" else "text_completion"
+    prefix = "chatcmpl-" if req.kind == "chat" else "cmpl-"
+    head = {"id": prefix + req.id, "object": obj, "created": req.created, "model": req.model}
+    return {**head, "choices": [], "usage": use}

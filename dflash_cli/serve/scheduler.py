@@ -1,0 +1,136 @@
+"""One engine, one request at a time: a worker thread runs generations in arrival order.
+
+Requests wait in a bounded queue; a full queue is refused at once (the caller answers 503). Each
+job carries a cancel flag: the decoding loop checks it after every verify step, so a client that
+disconnects frees the engine at the next step, and a job cancelled while waiting never starts.
+Results travel back to the event loop of the request that asked for them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from dflash_cli.decoding.result import GenerationResult
+from dflash_cli.decoding.text_stream import TextStream
+from dflash_cli.errors import DFlashError
+from dflash_cli.serve.protocol import ApiError, GenRequest, finish_reason
+
+log = logging.getLogger("dflash.serve")
+
+
+class QueueFull(Exception):
+    pass
+
+
+@dataclass
+class Outcome:
+    result: GenerationResult
+    text: str
+    finish_reason: str
+
+
+class Job:
+    """A request handed to the worker; events arrive on `events` as (kind, payload):
+    ("text", str), then ("done", Outcome | None when cancelled before it started) or ("error", ApiError)."""
+
+    def __init__(self, req: GenRequest, prompt_ids: list[int], loop: asyncio.AbstractEventLoop) -> None:
+        self.req, self.prompt_ids, self.loop = req, prompt_ids, loop
+        self.events: asyncio.Queue = asyncio.Queue()
+        self.cancel = threading.Event()
+
+    def emit(self, kind: str, payload: Any) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, payload))
+        except RuntimeError:  # the event loop is gone (server shutting down): nobody is listening
+            self.cancel.set()
+
+
+class Scheduler:
+    def __init__(self, engine: Any, queue_size: int, metrics: Any, mode: str = "dflash") -> None:
+        self.engine, self.queue_size, self.metrics, self.mode = engine, queue_size, metrics, mode
+        self._jobs: queue.Queue[Job | None] = queue.Queue()
+        self._lock = threading.Lock()
+        # Hugging Face fast tokenizers may refuse concurrent use ("Already borrowed"); the request
+        # handlers encode on the event loop while this thread decodes, so both take this lock.
+        self.tokenizer_lock = threading.Lock()
+        self.waiting = 0
+        self.running = 0
+        self._thread = threading.Thread(target=self._work, name="dflash-engine", daemon=True)
+        self._thread.start()
+
+    def submit(self, job: Job) -> None:
+        with self._lock:
+            if self.running + self.waiting >= 1 + self.queue_size:
+                raise QueueFull
+            self.waiting += 1
+        self._jobs.put(job)
+
+    def counts(self) -> tuple[int, int]:
+        with self._lock:
+            return self.running, self.waiting
+
+    def close(self, timeout: float = 5.0) -> None:
+        self._jobs.put(None)
+        self._thread.join(timeout)
+
+    def _work(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            with self._lock:
+                self.waiting -= 1
+                self.running += 1
+            try:
+                if job.cancel.is_set():
+                    job.emit("done", None)
+                    continue
+                outcome = self._generate(job)
+                self.metrics.record(outcome.result, outcome.finish_reason)
+                job.emit("done", outcome)
+            except DFlashError as exc:
+                self.metrics.count_error()
+                job.emit("error", ApiError.from_dflash(exc))
+            except Exception as exc:  # a bug must not kill the worker: report it and serve the next request
+                log.exception("generation failed")
+                self.metrics.count_error()
+                job.emit("error", ApiError(f"generation failed: {type(exc).__name__}: {exc}", status=500))
+            finally:
+                with self._lock:
+                    self.running -= 1
+
+    def _decode(self, ids: list[int]) -> str:
+        with self.tokenizer_lock:
+            return self.engine.decode(ids)
+
+    def _generate(self, job: Job) -> Outcome:
+        req = job.req
+        stream = TextStream(self._decode, req.stop)
+
+        def on_commit(new: list[int]) -> str | None:
+            delta = stream.push(new)
+            if delta:
+                job.emit("text", delta)
+            if stream.stopped:
+                return "stop_string"
+            return "cancelled" if job.cancel.is_set() else None
+
+        result = self.engine.generate(
+            job.prompt_ids,
+            mode=self.mode,
+            max_new_tokens=req.max_tokens,
+            temperature=req.temperature,
+            top_k=req.top_k,
+            top_p=req.top_p,
+            seed=req.seed,
+            on_commit=on_commit,
+        )
+        tail = stream.finish()
+        if tail:
+            job.emit("text", tail)
+        return Outcome(result, stream.text, finish_reason(result.stopped))
