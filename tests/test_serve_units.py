@@ -127,6 +127,8 @@ def test_handoff_keeps_hub_ids(tiny_qwen3_pair, tmp_path):
     from dflash_cli.recipe import load_recipe
     from dflash_cli.serve.handoff import handoff_command
 
-    path = tiny_qwen3_pair.write_recipe(tmp_path / "r.yaml", target={"path": "Qwen/Qwen3-8B"}, dflash={"block_size": 16})
+    path = tiny_qwen3_pair.write_recipe(
+        tmp_path / "r.yaml", target={"path": "Qwen/Qwen3-8B"}, dflash={"block_size": 16}
+    )
     text = handoff_command(load_recipe(str(path)), "vllm")
     assert "vllm serve Qwen/Qwen3-8B" in text and '"num_speculative_tokens": 15' in text

@@ -115,6 +115,12 @@ class Engine:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     # --- generation ---------------------------------------------------------------------------
+    @property
+    def positions_for_generation(self) -> int:
+        """Prompt + new tokens a request may use: one slot is the padding sink, and a verify block
+        may run B-1 positions past the last token."""
+        return self.ctx_len - 1 - self.block_size
+
     def check_request(
         self, prompt_ids: list[int], max_new_tokens: int, temperature: float, top_k: int = 0, top_p: float = 1.0
     ) -> None:
@@ -132,8 +138,7 @@ class Engine:
             raise GenerationError(f"invalid generation settings: {'; '.join(bad)}", hint="see `dflash run --help`")
         if not prompt_ids:
             raise GenerationError("the prompt is empty", hint='pass some text: --prompt "def fibonacci(n):"')
-        # One slot is the padding sink and a verify block may run B-1 positions past the last token.
-        room = self.ctx_len - 1 - self.block_size
+        room = self.positions_for_generation
         if len(prompt_ids) + max_new_tokens > room:
             raise GenerationError(
                 f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "

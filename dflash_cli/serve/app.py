@@ -73,6 +73,9 @@ def create_app(engine: Any, *, model_name: str, queue_size: int = 8, mode: str =
         req = parse_request(body, kind, model_name, engine.recipe.run)
         with scheduler.tokenizer_lock:
             prompt_ids = _encode(engine, req)
+        if not req.max_tokens_given:  # like vLLM: an unspecified length never overflows the context
+            room = engine.positions_for_generation - len(prompt_ids)
+            req.max_tokens = max(1, min(req.max_tokens, room))
         try:
             engine.check_request(prompt_ids, req.max_tokens, req.temperature, req.top_k, req.top_p)
         except DFlashError as exc:

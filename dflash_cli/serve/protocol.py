@@ -57,6 +57,7 @@ class GenRequest:
     stream: bool = False
     include_usage: bool = False
     enable_thinking: bool | None = None  # chat only; None = the recipe's run.enable_thinking
+    max_tokens_given: bool = True  # False: the recipe's default, which the server caps to the room left
     return_token_ids: bool = False  # extension (vLLM has it too): the completion's token ids in the choice
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
@@ -109,6 +110,7 @@ def parse_request(body: Any, kind: str, model_name: str, defaults: Any) -> GenRe
         include_usage=bool(stream_options.get("include_usage")),
         enable_thinking=None if thinking is None else bool(thinking),
         return_token_ids=_bool(body, "return_token_ids"),
+        max_tokens_given=body.get(max_key) is not None,
     )
 
 
