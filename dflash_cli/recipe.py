@@ -112,6 +112,8 @@ class RunConfig(_Section):
     chat_template: bool = False
     enable_thinking: bool = False
     stop: list[str] = Field(default_factory=list)
+    # Who proposes: the DFlash draft, suffix lookup (no model), or per step whichever the evidence favours.
+    drafter: Literal["dflash", "lookup", "hybrid"] = "dflash"
 
     @field_validator("stop")
     @classmethod

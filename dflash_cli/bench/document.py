@@ -17,7 +17,7 @@ from dflash_cli.bench.runner import BASELINE_MODE, BenchResult
 from dflash_cli.decoding.result import GenerationResult
 
 SCHEMA_VERSION = 1
-SPECULATIVE_MODES = ("dflash", "pld")
+SPECULATIVE_MODES = ("dflash", "pld", "hybrid")
 
 
 def build_document(result: BenchResult, *, env: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -45,6 +45,7 @@ def build_document(result: BenchResult, *, env: dict[str, Any] | None = None) ->
         "baseline": summaries.get(BASELINE_MODE),
         "dflash": dflash,
         "pld": summaries.get("pld"),
+        "hybrid": summaries.get("hybrid"),
         "decode_speedup": dflash["decode_speedup"] if dflash else None,
         "decode_speedup_median": dflash["decode_speedup_median"] if dflash else None,
         "mean_acceptance_length": dflash["mean_acceptance_length"] if dflash else None,
@@ -96,6 +97,8 @@ def mode_summary(
             decode_speedup=metrics.decode_speedup(baseline, results) if paired else None,
             decode_speedup_median=metrics.median_pairwise_speedup(baseline, results) if paired else None,
         )
+        if any(r.step_sources for r in results):
+            summary["sources"] = metrics.source_split(results)
     return summary
 
 
@@ -114,6 +117,8 @@ def decomposition(result: BenchResult, by_mode: dict[str, list[GenerationResult]
         bandwidth[BASELINE_MODE] = metrics.weight_bandwidth_gb_s(baseline, target_bytes)
     if "pld" in by_mode:
         bandwidth["pld"] = metrics.weight_bandwidth_gb_s(by_mode["pld"], target_bytes)
+    if "hybrid" in by_mode:  # lookup steps skip the draft, so this overstates what the hybrid reads
+        bandwidth["hybrid"] = metrics.weight_bandwidth_gb_s(by_mode["hybrid"], target_bytes + draft_bytes)
     return {
         "block_size": result.block_size,
         "t1_s": t1,

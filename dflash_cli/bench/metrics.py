@@ -170,3 +170,21 @@ def ceiling_speedup(tau: float, t1: float, t_verify: float, t_draft: float) -> f
     """Best decode speedup for a measured tau: tau * T(1) / (T_verify(B) + T_draft(B))."""
     step = t_verify + t_draft
     return tau * t1 / step if step > 0 else 0.0
+
+
+def source_split(results: list[GenerationResult]) -> dict[str, dict[str, float]]:
+    """Hybrid runs: per proposer, its verify steps, their share, and its mean acceptance length."""
+    steps: dict[str, list[int]] = {}
+    for r in results:
+        for source, accepted in zip(r.step_sources, r.accept_lengths):
+            steps.setdefault(source, []).append(accepted)
+    total = sum(len(v) for v in steps.values())
+    return {
+        source: {
+            "steps": len(v),
+            "share": len(v) / total if total else 0.0,
+            "mean_acceptance_length": sum(v) / len(v),
+            "committed_tokens": sum(v),
+        }
+        for source, v in sorted(steps.items())
+    }

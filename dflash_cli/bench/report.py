@@ -22,6 +22,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 from rich.table import Table
+from rich.text import Text
 
 from dflash_cli.bench.document import build_document, build_sweep_document
 from dflash_cli.bench.runner import BenchProgress
@@ -33,7 +34,7 @@ __all__ = [
     "report_renderables",
 ]
 
-_MODE_LABELS = {"baseline": "plain", "dflash": "dflash", "pld": "prompt lookup"}
+_MODE_LABELS = {"baseline": "plain", "dflash": "dflash", "pld": "prompt lookup", "hybrid": "hybrid"}
 _BAR_WIDTH = 24
 
 
@@ -44,16 +45,27 @@ def _num(value: float | None, fmt: str, scale: float = 1.0, suffix: str = "") ->
 def report_renderables(doc: dict[str, Any]) -> list[RenderableType]:
     """Summary, acceptance histogram, per-position acceptance, decomposition, sweep and lossless status."""
     parts: list[RenderableType] = [summary_table(doc)]
-    spec_modes = [m for m in ("dflash", "pld") if doc.get(m)]
+    spec_modes = [m for m in ("dflash", "pld", "hybrid") if doc.get(m)]
     if spec_modes:
         parts.append(histogram_table(doc, spec_modes))
         parts.append(position_table(doc, spec_modes))
+    if (doc.get("hybrid") or {}).get("sources"):
+        parts.append(sources_line(doc["hybrid"]["sources"]))
     if doc.get("decomposition"):
         parts.append(decomposition_table(doc["decomposition"]))
     if doc.get("sweep"):
         parts.append(sweep_table(doc["sweep"]))
     parts.append(lossless_line(doc["lossless"]))
     return parts
+
+
+def sources_line(sources: dict[str, dict[str, float]]) -> Text:
+    """Hybrid: which proposer took how many steps, and how far each one's proposals were accepted."""
+    parts = [
+        f"{name} {s['share'] * 100:.0f}% of steps (tau {s['mean_acceptance_length']:.2f})"
+        for name, s in sources.items()
+    ]
+    return Text("hybrid proposers: " + ", ".join(parts))
 
 
 def summary_table(doc: dict[str, Any]) -> Table:

@@ -23,7 +23,7 @@ from dflash_cli.bench.results_log import ResultsLog, TurnKey, result_from_dict
 from dflash_cli.decoding.result import GenerationResult
 from dflash_cli.errors import DFlashError
 
-MODES = ("plain", "dflash", "pld")
+MODES = ("plain", "dflash", "pld", "hybrid")
 BASELINE_MODE = "plain"
 
 

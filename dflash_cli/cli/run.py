@@ -17,6 +17,7 @@ from dflash_cli.cli.common import (
     handle_errors,
     print_json,
 )
+from dflash_cli.decoding.modes import DRAFTER_MODES
 from dflash_cli.recipe import DEFAULT_RECIPE
 
 
@@ -59,10 +60,19 @@ def run_command(
         float | None, typer.Option("--top-p", min=0.0, max=1.0, help="Default: run.top_p (1 = off).")
     ] = None,
     seed: Annotated[int | None, typer.Option("--seed", help="Sampling seed. Default: run.seed.")] = None,
-    no_draft: Annotated[bool, typer.Option("--no-draft", help="Plain decoding of the same compiled target.")] = False,
+    mode: Annotated[
+        str | None,
+        typer.Option(
+            "--mode",
+            metavar="dflash|hybrid|lookup|plain",
+            help="Who drafts: the DFlash model, suffix lookup, hybrid (per step), or nobody. Default: run.drafter.",
+        ),
+    ] = None,
+    no_draft: Annotated[bool, typer.Option("--no-draft", help="Plain decoding (same as --mode plain).")] = False,
     json_: JsonOpt = False,
 ) -> None:
     """Generate from a prompt with DFlash (or plain decoding with --no-draft); builds missing stages first."""
+    decode_mode = resolve_mode("plain" if no_draft else mode)
     from dflash_cli.cache import Cache
     from dflash_cli.cli.build import build_progress
     from dflash_cli.decoding.engine import build_engine
@@ -71,6 +81,7 @@ def run_command(
     prompt = _read_prompt(prompt)
     r = load_recipe(recipe_arg or recipe, set_ or [])
     run = r.run
+    decode_mode = decode_mode or DRAFTER_MODES[run.drafter]
     with build_progress() as on_event:
         # Same as `dflash bench`: stages not yet built are built (progress on stderr); cached ones are silent.
         engine = build_engine(r, Cache(cache_dir), lambda e: None if e.message == "cached" else on_event(e))
@@ -78,7 +89,7 @@ def run_command(
     streamer = _Streamer(engine) if not json_ else None
     result = engine.generate(
         ids,
-        mode="plain" if no_draft else "dflash",
+        mode=decode_mode,
         max_new_tokens=run.max_new_tokens if max_new_tokens is None else max_new_tokens,
         temperature=run.temperature if temperature is None else temperature,
         top_k=run.top_k if top_k is None else top_k,
@@ -112,6 +123,21 @@ def run_command(
         markup=False,
         highlight=False,
     )
+
+
+def resolve_mode(name: str | None) -> str | None:
+    """A --mode value as the engine names it (lookup is the engine's "pld"); None = the recipe's drafter."""
+    from dflash_cli.recipe import did_you_mean
+
+    if name is None:
+        return None
+    names = {"plain": "plain", "dflash": "dflash", "hybrid": "hybrid", "lookup": "pld", "pld": "pld"}
+    if name not in names:
+        choices = ("dflash", "hybrid", "lookup", "plain")
+        raise typer.BadParameter(
+            f"unknown mode {name!r}{did_you_mean(name, choices)} (one of: {', '.join(choices)})", param_hint="--mode"
+        )
+    return names[name]
 
 
 def _read_prompt(prompt: str) -> str:

@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from dflash_cli.cli.common import CacheDirOpt, RecipeOpt, SetOpt, err_console, examples, handle_errors
+from dflash_cli.decoding.modes import DRAFTER_MODES
 from dflash_cli.recipe import DEFAULT_RECIPE
 
 ENGINES = ("vllm", "sglang")
@@ -82,7 +83,7 @@ def serve_command(
     sock = bind(host, r.serve.port if port is None else port)
     with build_progress() as on_event:
         engine = build_engine(r, Cache(cache_dir), lambda e: None if e.message == "cached" else on_event(e))
-    mode = "plain" if no_draft else "dflash"
+    mode = "plain" if no_draft else DRAFTER_MODES[r.run.drafter]  # run.drafter: dflash, lookup or hybrid
     app = create_app(engine, model_name=name, queue_size=queue, mode=mode)
     shown = f"[{host}]" if ":" in host else host
     err_console().print(

@@ -15,13 +15,13 @@ from typing import Any
 
 import numpy as np
 
+from dflash_cli.decoding.hybrid import HybridProposer, HybridStats
 from dflash_cli.decoding.loops import DFlashProposer, LookupProposer, LoopConfig, generate_plain, generate_speculative
+from dflash_cli.decoding.modes import MODES
 from dflash_cli.decoding.result import GenerationResult
 from dflash_cli.decoding.sampling import SamplingConfig
 from dflash_cli.decoding.target_calls import TimedSession, padded
 from dflash_cli.errors import BackendError, GenerationError
-
-MODES = ("plain", "dflash", "pld")
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,7 @@ class Engine:
             self._tables = SharedTables()  # the embedding both graphs read: one memory map for both sessions
         self.target = _open(backend, artifacts.compile, "target", recipe, self._tables)
         self._draft = None  # opened on first use: plain decoding never loads the draft
+        self.hybrid_stats: HybridStats | None = None  # what hybrid steps have learnt on this engine
         self.provider = getattr(self.target, "provider", backend)
         self.weight_bytes = {
             g: _weight_bytes(artifacts.compile, info["graphs"][g]["onnx"], backend) for g in ("target", "draft")
@@ -172,9 +173,12 @@ class Engine:
         target = TimedSession(self.target)
         if mode == "plain":
             return generate_plain(target, prompt_ids, self.prefill_len, cfg, on_commit)
-        if mode == "dflash":
+        if mode in ("dflash", "hybrid"):
             self.draft.reset()
             proposer = DFlashProposer(TimedSession(self.draft), self.block_size, self.mask_token_id, self.prefill_len)
+            if mode == "hybrid":
+                self.hybrid_stats = self.hybrid_stats or HybridStats(self.block_size)
+                proposer = HybridProposer(proposer, self.block_size, self.hybrid_stats)
         else:
             from dflash_cli.decoding.prompt_lookup import PromptLookupDrafter
 

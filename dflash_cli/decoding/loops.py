@@ -106,16 +106,27 @@ class DFlashProposer:
         self._ready = self._draft(last, pos)
 
     def observe(self, features: np.ndarray, first_pos: int) -> None:
-        self._pending = [(features, first_pos)]
+        # Queued, not sent: steps another drafter proposed add their context here, and the next
+        # draft call catches the draft cache up in one go.
+        self._pending.append((features, first_pos))
 
     def propose(self, history: list[int], last: int, pos: int) -> list[int]:
         ready, self._ready = self._ready, None
         return ready if ready is not None else self._draft(last, pos)
 
+    def skip(self) -> None:
+        """Another drafter proposes this step: a block drafted ahead is stale."""
+        self._ready = None
+
+    def verified(self, committed: list[int]) -> None:
+        pass  # the draft learns nothing from the verdict
+
     def _draft(self, last: int, pos: int) -> list[int]:
         block = [last] + [self.mask_id] * (self.block - 1)
         ids, bpos = padded(block, pos, self.block)
         result = None
+        if len(self._pending) > 1:  # consecutive positions: one array, sent in as few calls as fit
+            self._pending = [(np.concatenate([f for f, _ in self._pending]), self._pending[0][1])]
         for feats, first in self._pending:
             # After prefill the context comes in prefill-sized chunks; after a verify it fits one block.
             chunk = self.prefill_len if len(feats) > self.block else self.block
@@ -148,6 +159,9 @@ class LookupProposer:
     def propose(self, history: list[int], last: int, pos: int) -> list[int]:
         return list(self.drafter.propose(history))
 
+    def verified(self, committed: list[int]) -> None:
+        pass
+
 
 def generate_speculative(
     target: TimedSession, proposer, prompt: list[int], prefill_len: int, block: int, cfg: LoopConfig, on_commit=None
@@ -177,6 +191,7 @@ def generate_speculative(
             if i == block - 1 or proposal[i] != y:
                 break
         accepts.append(len(committed))
+        proposer.verified(committed)
         proposer.observe(ver["context_features"][0, : len(committed)], pos)
         out.commit(committed)
         pos += len(committed)
@@ -193,5 +208,6 @@ def generate_speculative(
         target_s=target.seconds,
         draft_calls=draft_timer.calls if draft_timer else 0,
         draft_s=draft_timer.seconds if draft_timer else 0.0,
+        step_sources=list(getattr(proposer, "sources", [])),
         stopped=out.stopped,
     )

@@ -39,14 +39,20 @@ class PromptLookupDrafter:
         (a loop `a b a b` drafts `a b a b ...`, as far as the block reaches). With no match at all
         every slot repeats `committed[-1]`.
         """
+        return self.propose_with_match(committed)[0]
+
+    def propose_with_match(self, committed: list[int]) -> tuple[list[int], int]:
+        """`propose`, plus the length of the suffix n-gram that matched (0: none) — the evidence a
+        hybrid drafter weighs against the model's draft."""
         if not committed:
             raise ValueError("prompt lookup needs at least one committed token")
         want = self.num_proposals
         if want == 0:
-            return []
-        follow = self._match_end(committed)
-        if follow is None:
-            return [committed[-1]] * want
+            return [], 0
+        found = self._match_end(committed)
+        if found is None:
+            return [committed[-1]] * want, 0
+        follow, n = found
         # Copy from `follow` on; past the end of `committed` the copy reads its own output, which
         # continues the period (len(committed) - follow) of the repeated text.
         proposal: list[int] = []
@@ -54,15 +60,15 @@ class PromptLookupDrafter:
         for i in range(want):
             j = follow + i
             proposal.append(committed[j] if j < length else proposal[j - length])
-        return proposal
+        return proposal, n
 
-    def _match_end(self, committed: list[int]) -> int | None:
-        """Index just after the best earlier match of a suffix n-gram, or None without one."""
+    def _match_end(self, committed: list[int]) -> tuple[int, int] | None:
+        """(index just after the best earlier match of a suffix n-gram, n), or None without one."""
         length = len(committed)
         for n in range(min(self.max_ngram, length - 1), self.min_ngram - 1, -1):
             start = self._latest_earlier_match(committed, n)
             if start is not None:
-                return start + n
+                return start + n, n
         return None
 
     @staticmethod

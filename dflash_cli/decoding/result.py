@@ -18,6 +18,7 @@ class GenerationResult:
     target_s: float = 0.0  # seconds inside decode-phase target session calls
     draft_calls: int = 0
     draft_s: float = 0.0  # seconds inside draft session calls (incl. context updates)
+    step_sources: list[str] = field(default_factory=list)  # hybrid: who proposed each verify step
     stopped: str = "length"  # "length" | "stop_token" | whatever on_commit returned ("stop_string", ...)
 
     @property
