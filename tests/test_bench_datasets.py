@@ -78,15 +78,69 @@ def test_missing_file_has_hint(tmp_path: Path) -> None:
 def test_unknown_name_lists_available_datasets() -> None:
     with pytest.raises(DatasetError) as info:
         load_dataset("wikitext")
-    assert "available: humaneval" in info.value.message
+    assert "available: alpaca, gsm8k, humaneval, math500, mbpp, mt-bench" in info.value.message
     assert ".jsonl" in info.value.hint and ".txt" in info.value.hint
 
 
-@pytest.mark.parametrize("name", ["gsm8k", "math500", "mbpp", "mt-bench"])
-def test_field_datasets_need_a_local_file(name: str) -> None:
+@pytest.mark.parametrize("name", ["gsm8k", "math500", "mbpp", "mt-bench", "alpaca"])
+def test_named_dataset_missing_says_where_it_looked(name: str, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("DFLASH_DATASETS_DIR", str(tmp_path))
     with pytest.raises(DatasetError) as info:
         load_dataset(name)
-    assert "no network here: pass the local JSONL path" in info.value.hint
+    assert str(tmp_path / f"{name}.jsonl") in info.value.message
+    assert "Hugging Face datasets cache" in info.value.message and "split" in info.value.message
+
+
+# A few rows of each dataset in its own Hugging Face columns, and the prompts z-lab's benchmark.py makes.
+NAMED_ROWS = {
+    "gsm8k": (
+        [{"question": "What is 2+3?", "answer": "5"}],
+        [["What is 2+3?\nPlease reason step by step, and put your final answer within \\boxed{}."]],
+        ["gsm8k/0"],
+    ),
+    "math500": (
+        [{"problem": "Solve x+1=2.", "solution": "1", "answer": "1", "unique_id": "test/algebra/1.json"}],
+        [["Solve x+1=2.\nPlease reason step by step, and put your final answer within \\boxed{}."]],
+        ["math500/test/algebra/1.json"],
+    ),
+    "mbpp": (
+        [{"task_id": 602, "prompt": "Write a python function to find the first repeated character.", "code": ""}],
+        [["Write a python function to find the first repeated character."]],
+        ["mbpp/602"],
+    ),
+    "mt-bench": (
+        [{"prompt_id": 81, "prompt": ["Compose a blog post.", "Rewrite it in limericks."], "category": "writing"}],
+        [["Compose a blog post.", "Rewrite it in limericks."]],
+        ["mt-bench/81"],
+    ),
+    "alpaca": (
+        [
+            {"instruction": "Give three tips.", "input": "", "output": "..."},
+            {"instruction": "Translate.", "input": "Bonjour", "output": "Hello"},
+        ],
+        [["Give three tips."], ["Translate.\n\nBonjour"]],
+        ["alpaca/0", "alpaca/1"],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NAMED_ROWS))
+def test_named_dataset_from_a_local_copy(name: str, tmp_path: Path, monkeypatch) -> None:
+    import json
+
+    rows, turns, ids = NAMED_ROWS[name]
+    monkeypatch.setenv("DFLASH_DATASETS_DIR", str(tmp_path))
+    (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    samples = load_dataset(name)
+    assert [s.turns for s in samples] == turns and [s.id for s in samples] == ids
+
+
+def test_named_dataset_with_wrong_columns(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("DFLASH_DATASETS_DIR", str(tmp_path))
+    (tmp_path / "gsm8k.jsonl").write_text('{"text": "no question here"}\n', encoding="utf-8")
+    with pytest.raises(DatasetError) as info:
+        load_dataset("gsm8k")
+    assert "lacks the field 'question'" in info.value.message and "openai/gsm8k" in info.value.hint
 
 
 def test_unsupported_extension(tmp_path: Path) -> None:

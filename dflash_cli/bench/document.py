@@ -14,9 +14,11 @@ from dflash_cli.bench import metrics
 from dflash_cli.bench.datasets import dataset_name
 from dflash_cli.bench.environment import environment
 from dflash_cli.bench.runner import BASELINE_MODE, BenchResult
+from dflash_cli.bench.spread import bootstrap, spread
+from dflash_cli.bench.vllm_fields import latency_fields, spec_decode_fields
 from dflash_cli.decoding.result import GenerationResult
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 1  # fields are only ever added within a version
 SPECULATIVE_MODES = ("dflash", "pld", "hybrid")
 
 
@@ -29,10 +31,19 @@ def build_document(result: BenchResult, *, env: dict[str, Any] | None = None) ->
         mode: mode_summary(results, block, baseline, speculative=mode in SPECULATIVE_MODES)
         for mode, results in by_mode.items()
     }
+    for mode, summary in summaries.items():
+        if summary.get("decode_speedup") is not None:
+            summary["decode_speedup_bootstrap"] = speedup_interval(result, mode)
     dflash = summaries.get("dflash")
     repetition_source = BASELINE_MODE if BASELINE_MODE in summaries else result.modes[0]
+    vllm_top = {}
+    if dflash:  # vLLM's names at the top level describe DFlash, as the legacy top-level fields do
+        vllm_top = {k: v for k, v in dflash.items() if k.startswith("spec_decode_")}
+        vllm_top.update({k: dflash[k] for k in _LATENCY_KEYS})
     return {
         "schema_version": SCHEMA_VERSION,
+        "timestamp": _now(),  # when this document was made (UTC)
+        "tool_commit": tool_commit(),
         "environment": env if env is not None else environment(result.engine_info),
         "settings": result.settings,
         "dataset": {
@@ -55,6 +66,8 @@ def build_document(result: BenchResult, *, env: dict[str, Any] | None = None) ->
             "median": summaries[repetition_source]["repetition_rate"],
             **{mode: s["repetition_rate"] for mode, s in summaries.items()},
         },
+        "decode_speedup_bootstrap": dflash.get("decode_speedup_bootstrap") if dflash else None,
+        **vllm_top,
         "decomposition": decomposition(result, by_mode) if "dflash" in by_mode else None,
         "lossless": {
             "checked": result.lossless_checked,
@@ -88,6 +101,11 @@ def mode_summary(
         "repetition_rate": metrics.median_repetition_rate(results),
         "mean_acceptance_length": metrics.mean_acceptance_length(results),
         "mean_acceptance_length_per_sample": metrics.mean_acceptance_length_per_sample(results),
+        # Spread over generations (each repetition counts): ms, and tokens/s.
+        "ttft_ms_spread": spread([r.prefill_s * 1000 for r in results]),
+        "tpot_ms_spread": spread([r.time_per_output_token * 1000 for r in results if r.decode_tokens]),
+        "decode_tokens_per_s_spread": spread([r.decode_tokens_per_s for r in results if r.decode_tokens]),
+        **latency_fields(results),
     }
     if speculative:
         paired = baseline is not None and len(baseline) == len(results)
@@ -97,9 +115,60 @@ def mode_summary(
             decode_speedup=metrics.decode_speedup(baseline, results) if paired else None,
             decode_speedup_median=metrics.median_pairwise_speedup(baseline, results) if paired else None,
         )
+        summary.update(spec_decode_fields(results, block_size))
         if any(r.step_sources for r in results):
             summary["sources"] = metrics.source_split(results)
     return summary
+
+
+_LATENCY_KEYS = (
+    "mean_ttft_ms",
+    "median_ttft_ms",
+    "p99_ttft_ms",
+    "mean_tpot_ms",
+    "median_tpot_ms",
+    "p99_tpot_ms",
+    "output_throughput",
+    "completed",
+    "duration",
+)
+
+
+def speedup_interval(result: BenchResult, mode: str) -> dict[str, Any]:
+    """Bootstrap over samples (all turns and repetitions of a sample stay together) of the pooled
+    decode speedup of `mode` over plain: its 95% interval and standard deviation."""
+    by_sample: dict[str, list[tuple[GenerationResult, GenerationResult]]] = {}
+    for record in result.records:
+        if BASELINE_MODE in record.results and mode in record.results:
+            pair = (record.results[BASELINE_MODE], record.results[mode])
+            by_sample.setdefault(record.sample_id, []).append(pair)
+
+    def pooled(groups: list[list[tuple[GenerationResult, GenerationResult]]]) -> float:
+        pairs = [p for g in groups for p in g]
+        return metrics.decode_speedup([b for b, _ in pairs], [c for _, c in pairs])
+
+    return bootstrap(list(by_sample.values()), pooled)
+
+
+def tool_commit() -> str | None:
+    """The git commit of this dflash checkout, when it runs from one (None for an installed wheel)."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    if not (root / ".git").exists():
+        return None
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def _now() -> str:
+    from datetime import UTC, datetime
+
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def decomposition(result: BenchResult, by_mode: dict[str, list[GenerationResult]]) -> dict[str, Any]:

@@ -20,8 +20,8 @@ def check_lossless(doc: dict[str, Any]) -> None:
     block = f" (block size {first['block_size']})" if "block_size" in first else ""
     raise LosslessError(
         f"{first['mode']} output differs from plain greedy decoding on sample {first['sample_id']!r}{turn} "
-        f"at generated token {first['position']}{block}: plain {first['expected']}, {first['mode']} "
-        f"{first['got']}; {len(mismatches)} mismatch(es) in total",
+        f"at generated {first.get('unit', 'token')} {first['position']}{block}: plain {first['expected']}, "
+        f"{first['mode']} {first['got']}; {len(mismatches)} mismatch(es) in total",
         hint=_lossless_hint(doc.get("environment", {}).get("compile", {})),
     )
 

@@ -34,7 +34,13 @@ __all__ = [
     "report_renderables",
 ]
 
-_MODE_LABELS = {"baseline": "plain", "dflash": "dflash", "pld": "prompt lookup", "hybrid": "hybrid"}
+_MODE_LABELS = {
+    "baseline": "plain",
+    "dflash": "dflash",
+    "pld": "prompt lookup",
+    "hybrid": "hybrid",
+    "endpoint": "endpoint",
+}
 _BAR_WIDTH = 24
 
 
@@ -78,22 +84,32 @@ def summary_table(doc: dict[str, Any]) -> Table:
         title_justify="left",
     )
     # tau pools every verify step; "tau/sample" averages per prompt first (z-lab's convention).
-    for column in ("mode", "decode tok/s", "TPOT ms", "TTFT ms", "tau", "tau/sample", "speedup", "repetition"):
+    columns = ("mode", "decode tok/s", "TPOT ms (median ± sd)", "TTFT ms", "tau", "tau/sample", "speedup [95% CI]")
+    for column in (*columns, "repetition"):
         table.add_column(column, justify="left" if column == "mode" else "right")
     for key, label in _MODE_LABELS.items():
         summary = doc.get(key)
         if not summary:
             continue
         speedup = summary.get("decode_speedup") if key != "baseline" else 1.0
+        ci = (summary.get("decode_speedup_bootstrap") or {}).get("ci95")
+        tpot = summary.get("tpot_ms_spread") or {}
+        tpot_text = (
+            f"{tpot['median']:.2f} ± {tpot['std']:.2f}"
+            if tpot.get("median") is not None
+            else _num(summary.get("tpot_s"), ".2f", 1e3)
+        )
+        ttft = summary.get("ttft_s")
+        ttft = ttft if ttft is not None else (summary.get("median_ttft_ms") or 0) / 1e3 or None
         table.add_row(
             label,
-            _num(summary["decode_tokens_per_s"], ".1f"),
-            _num(summary["tpot_s"], ".2f", 1e3),
-            _num(summary["ttft_s"], ".1f", 1e3),
-            _num(summary["mean_acceptance_length"], ".2f"),
+            _num(summary.get("decode_tokens_per_s"), ".1f"),
+            tpot_text,
+            _num(ttft, ".1f", 1e3),
+            _num(summary.get("mean_acceptance_length"), ".2f"),
             _num(summary.get("mean_acceptance_length_per_sample"), ".2f"),
-            _num(speedup, ".2f", suffix="x"),
-            _num(summary["repetition_rate"], ".1%"),
+            _num(speedup, ".2f", suffix="x") + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""),
+            _num(summary.get("repetition_rate"), ".1%"),
         )
     return table
 
@@ -172,7 +188,8 @@ def lossless_line(lossless: dict[str, Any]) -> str:
     first = mismatches[0]
     return (
         f"[red]lossless: {len(mismatches)} mismatch(es); first: {first['mode']} on sample "
-        f"{escape(repr(first['sample_id']))} turn {first['turn']} at token {first['position']}[/red]"
+        f"{escape(repr(first['sample_id']))} turn {first['turn']} at {first.get('unit', 'token')} "
+        f"{first['position']}[/red]"
     )
 
 

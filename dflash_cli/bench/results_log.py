@@ -21,7 +21,7 @@ from dflash_cli.errors import DFlashError
 
 LOG_SCHEMA_VERSION = 1
 
-TurnKey = tuple[str, int]  # (sample id, turn index)
+TurnKey = tuple[str, int, int]  # (sample id, turn index, repetition)
 
 _RESULT_FIELDS = {f.name for f in dataclasses.fields(GenerationResult)}
 
@@ -59,7 +59,7 @@ class ResultsLog:
             old_header, records, good_bytes = existing
             self._check_header(old_header, header)
             for record in records:
-                finished.setdefault((record["sample_id"], record["turn"]), record)
+                finished.setdefault((record["sample_id"], record["turn"], record.get("rep", 0)), record)
             with self.path.open("r+b") as handle:  # drop a torn last line before appending
                 handle.truncate(good_bytes)
             self._handle = self.path.open("a", encoding="utf-8")

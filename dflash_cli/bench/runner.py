@@ -24,6 +24,7 @@ from dflash_cli.decoding.result import GenerationResult
 from dflash_cli.errors import DFlashError
 
 MODES = ("plain", "dflash", "pld", "hybrid")
+DEFAULT_MODES = ("plain", "dflash", "pld")
 BASELINE_MODE = "plain"
 
 
@@ -37,12 +38,15 @@ class BenchSettings:
     top_k: int = 0
     top_p: float = 1.0
     seed: int = 0
+    repeat: int = 1  # each turn's modes run this many times (interleaved), each a separate record
+    warmup: int = 0  # samples run first in every mode and discarded (caches, thread pools); the CLI's default is 1
     step_time_repeats: int = 20  # engine.step_times() repeats for the speedup decomposition; 0 skips it
 
     def comparable(self) -> dict[str, Any]:
         """Settings stored in the results-log header: a resumed run must match them all."""
         d = asdict(self)
-        d.pop("step_time_repeats")  # a measurement detail, not part of what each sample produced
+        for detail in ("step_time_repeats", "warmup"):  # measurement details, not part of what samples produced
+            d.pop(detail)
         return d
 
 
@@ -64,11 +68,13 @@ class TurnRecord:
     turn: int
     results: dict[str, GenerationResult]  # mode -> result, same prompt ids
     resumed: bool = False  # read back from the results log instead of generated in this run
+    rep: int = 0  # which repetition (--repeat) of this turn
 
     def to_log(self) -> dict[str, Any]:
         return {
             "sample_id": self.sample_id,
             "turn": self.turn,
+            "rep": self.rep,
             "results": {mode: r.to_dict() for mode, r in self.results.items()},
         }
 
@@ -109,7 +115,7 @@ def run_bench(
     samples: Sequence[Sample],
     settings: BenchSettings,
     *,
-    modes: Sequence[str] = MODES,
+    modes: Sequence[str] = DEFAULT_MODES,
     results_log: ResultsLog | None = None,
     on_progress: Callable[[BenchProgress], None] | None = None,
 ) -> BenchResult:
@@ -125,44 +131,50 @@ def run_bench(
     header = {**settings.comparable(), "modes": list(modes), **_comparable_engine_facts(engine_info)}
     finished: dict[TurnKey, dict[str, Any]] = {}
     history_mode = BASELINE_MODE if BASELINE_MODE in modes else modes[0]
-    total = sum(len(s.turns) for s in samples)
+    total = sum(len(s.turns) for s in samples) * settings.repeat
     records: list[TurnRecord] = []
     tau_sum = tau_steps = 0
     try:
         if results_log is not None:
             finished = results_log.start(header)
+        for sample in samples[: settings.warmup]:  # run and discarded: first calls pay for allocation
+            prompt_ids = encode_turn(engine, [], sample.turns[0])
+            for mode in modes:
+                _generate(engine, prompt_ids, mode, settings, sample.id, 0)
         for index, sample in enumerate(samples):
-            # Reverse the order on odd samples: each pair of modes alternates which runs first.
-            order = tuple(modes) if index % 2 == 0 else tuple(reversed(modes))
             history: History = []
             for turn, user in enumerate(sample.turns):
-                logged = finished.get((sample.id, turn))
-                if logged is not None:  # the header check guarantees it holds the same modes
-                    record = TurnRecord(sample.id, turn, _results_from_log(logged), resumed=True)
-                else:
-                    prompt_ids = encode_turn(engine, history, user)
-                    results = {mode: _generate(engine, prompt_ids, mode, settings, sample.id, turn) for mode in order}
-                    record = TurnRecord(sample.id, turn, {m: results[m] for m in modes})
-                    if results_log is not None:
-                        results_log.append(record.to_log())
-                records.append(record)
-                if "dflash" in record.results:
-                    tau_sum += sum(record.results["dflash"].accept_lengths)
-                    tau_steps += len(record.results["dflash"].accept_lengths)
-                if turn + 1 < len(sample.turns):
-                    # Every mode answers the next turn after the same history: the baseline's reply.
-                    history.append((user, reply_text(engine, record.results[history_mode].tokens)))
-                if on_progress is not None:
-                    on_progress(
-                        BenchProgress(
-                            done=len(records),
-                            total=total,
-                            sample_id=sample.id,
-                            turn=turn,
-                            resumed=record.resumed,
-                            tau=tau_sum / tau_steps if tau_steps else None,
+                prompt_ids: list[int] | None = None
+                for rep in range(settings.repeat):
+                    # Alternate the order per sample and repetition: each mode runs first as often as last.
+                    order = tuple(modes) if (index + rep) % 2 == 0 else tuple(reversed(modes))
+                    logged = finished.get((sample.id, turn, rep))
+                    if logged is not None:  # the header check guarantees it holds the same modes
+                        record = TurnRecord(sample.id, turn, _results_from_log(logged), resumed=True, rep=rep)
+                    else:
+                        prompt_ids = prompt_ids or encode_turn(engine, history, user)
+                        results = {m: _generate(engine, prompt_ids, m, settings, sample.id, turn) for m in order}
+                        record = TurnRecord(sample.id, turn, {m: results[m] for m in modes}, rep=rep)
+                        if results_log is not None:
+                            results_log.append(record.to_log())
+                    records.append(record)
+                    if "dflash" in record.results:
+                        tau_sum += sum(record.results["dflash"].accept_lengths)
+                        tau_steps += len(record.results["dflash"].accept_lengths)
+                    if rep == 0 and turn + 1 < len(sample.turns):
+                        # Every mode answers the next turn after the same history: the baseline's reply.
+                        history.append((user, reply_text(engine, record.results[history_mode].tokens)))
+                    if on_progress is not None:
+                        on_progress(
+                            BenchProgress(
+                                done=len(records),
+                                total=total,
+                                sample_id=sample.id,
+                                turn=turn,
+                                resumed=record.resumed,
+                                tau=tau_sum / tau_steps if tau_steps else None,
+                            )
                         )
-                    )
     finally:
         if results_log is not None:
             results_log.close()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -39,6 +40,10 @@ prefill excluded. At temperature 0 every mode must match plain greedy decoding t
 --max-samples N picks random.Random(SEED).sample(range(size), N) and keeps dataset order. \
 Each finished sample is appended to a JSONL results file; --resume skips the finished ones.
 
+--repeat N runs each sample's modes N times; timings are reported with mean, median, p90, p99 and \
+stddev, speedups with a 95% bootstrap interval over samples. `dflash bench compare A.json B.json` puts \
+--output documents side by side. --endpoint URL benchmarks any OpenAI-compatible server instead.
+
 Exit codes: 0 ok, 1 error, 3 lossless mismatch (greedy DFlash/PLD output differed from plain), \
 4 a --min-speedup / --min-tau floor was not met.
 """
@@ -46,7 +51,9 @@ Exit codes: 0 ok, 1 error, 3 lossless mismatch (greedy DFlash/PLD output differe
 _EPILOG = (
     "Examples: dflash bench -r demo --max-samples 20    |    "
     "dflash bench -r qwen3-8b --dataset ./gsm8k.jsonl --json --min-speedup 2    |    "
-    "dflash bench -r demo --block-sizes 4,8,16"
+    "dflash bench -r demo --block-sizes 4,8,16    |    "
+    "dflash bench compare run1.json run2.json    |    "
+    "dflash bench --endpoint http://127.0.0.1:8000 --dataset gsm8k"
 )
 
 DatasetOpt = Annotated[
@@ -79,7 +86,7 @@ TemperatureOpt = Annotated[
 TopKOpt = Annotated[int, typer.Option("--top-k", min=0, help="Top-k sampling (0 = off).")]
 TopPOpt = Annotated[float, typer.Option("--top-p", min=0.0, max=1.0, help="Top-p sampling (1 = off).")]
 ModesOpt = Annotated[
-    str, typer.Option("--modes", help="Comma-separated modes among plain,dflash,pld (plain is the baseline).")
+    str, typer.Option("--modes", help="Comma-separated modes among plain,dflash,pld,hybrid (plain is the baseline).")
 ]
 OutputOpt = Annotated[Path | None, typer.Option("--output", "-o", help="Also write the JSON document to FILE.")]
 ResultsOpt = Annotated[
@@ -99,6 +106,38 @@ MinSpeedupOpt = Annotated[
 MinTauOpt = Annotated[
     float | None, typer.Option("--min-tau", help="Fail (exit 4) when the mean acceptance length is below X.")
 ]
+WarmupOpt = Annotated[
+    int, typer.Option("--warmup", min=0, help="Samples run first in every mode and discarded (default 1).")
+]
+RepeatOpt = Annotated[
+    int,
+    typer.Option("--repeat", min=1, help="Run each sample's modes N times (interleaved); timings report their spread."),
+]
+FormatOpt = Annotated[
+    str | None,
+    typer.Option("--format", metavar="table|md|csv|json", help="Report on stdout (default table; json = --json)."),
+]
+CompareArgs = Annotated[
+    list[str] | None,
+    typer.Argument(
+        metavar="[compare A.json B.json ...]",
+        help="`compare` and two or more `--output` documents: headline numbers side by side.",
+        show_default=False,
+    ),
+]
+EndpointOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--endpoint",
+        metavar="URL",
+        help="Benchmark an OpenAI-compatible server (vLLM, SGLang, dflash serve) instead of a local engine; "
+        "with --recipe too, greedy text is checked against that recipe's plain decoding.",
+    ),
+]
+ModelOpt = Annotated[
+    str | None, typer.Option("--model", help="With --endpoint: the model name to request (default: the first served).")
+]
+FORMATS = ("table", "md", "csv", "json")
 BlockSizesOpt = Annotated[
     str | None,
     typer.Option(
@@ -115,6 +154,8 @@ def register(app: typer.Typer) -> None:
 
 @handle_errors
 def bench_command(
+    ctx: typer.Context,
+    compare_args: CompareArgs = None,
     dataset: DatasetOpt = "humaneval",
     recipe: RecipeOpt = DEFAULT_RECIPE,
     set_: SetOpt = None,
@@ -133,8 +174,28 @@ def bench_command(
     min_speedup: MinSpeedupOpt = None,
     min_tau: MinTauOpt = None,
     block_sizes: BlockSizesOpt = None,
+    warmup: WarmupOpt = 1,
+    repeat: RepeatOpt = 1,
+    format_: FormatOpt = None,
+    endpoint: EndpointOpt = None,
+    model: ModelOpt = None,
 ) -> None:
     from dflash_cli.bench import BenchSettings, load_dataset
+    from dflash_cli.recipe import did_you_mean
+
+    if format_ is not None and format_ not in FORMATS:
+        raise typer.BadParameter(
+            f"unknown format {format_!r}{did_you_mean(format_, FORMATS)} (one of: {', '.join(FORMATS)})",
+            param_hint="--format",
+        )
+    fmt = "json" if json_ else (format_ or "table")
+    if compare_args:
+        if compare_args[0] != "compare":
+            raise typer.BadParameter(
+                f"unexpected argument {compare_args[0]!r}; the only subcommand is `compare`", param_hint="ARGS"
+            )
+        _compare([Path(a) for a in compare_args[1:]], fmt)
+        return
 
     mode_list = _parse_modes(modes)
     sizes: list[int | None] = _parse_block_sizes(block_sizes) if block_sizes else [None]
@@ -143,19 +204,31 @@ def bench_command(
         if path is not None:
             _check_writable(path, flag)
     samples = load_dataset(dataset, max_samples=max_samples, seed=seed)  # fail on a bad dataset before building
+    recipe_given = ctx.get_parameter_source("recipe").name != "DEFAULT"
     if max_new_tokens is None:
         from dflash_cli.recipe import load_recipe
 
-        max_new_tokens = load_recipe(recipe, set_ or []).run.max_new_tokens
+        max_new_tokens = load_recipe(recipe, set_ or []).run.max_new_tokens if recipe_given or not endpoint else 128
     settings = BenchSettings(
-        dataset=dataset, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed
+        dataset=dataset,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=seed,
+        repeat=repeat,
+        warmup=warmup,
     )
+    if endpoint:
+        doc = _bench_endpoint(endpoint, model, samples, settings, recipe if recipe_given else None, set_, cache_dir)
+        _finish({0: doc}, fmt=fmt, output=output, min_speedup=None, min_tau=min_tau)
+        return
     docs: dict[int, dict[str, Any]] = {}
     for size in sizes:
         overrides = [*(set_ or []), *([f"dflash.block_size={size}"] if size is not None else [])]
         block, doc = _bench_one(recipe, overrides, cache_dir, samples, settings, mode_list, results, resume, sweep=size)
         docs[block] = doc
-    _finish(docs, as_json=json_, output=output, min_speedup=min_speedup, min_tau=min_tau)
+    _finish(docs, fmt=fmt, output=output, min_speedup=min_speedup, min_tau=min_tau)
 
 
 def _bench_one(
@@ -227,26 +300,134 @@ def _bench_one(
 def _finish(
     docs: dict[int, dict[str, Any]],
     *,
-    as_json: bool,
+    fmt: str,
     output: Path | None,
     min_speedup: float | None,
     min_tau: float | None,
 ) -> None:
-    """Report (JSON or tables), write --output, then fail on mismatches (3) or floors (4)."""
+    """Report (tables, Markdown, CSV or JSON), write --output, then fail on mismatches (3) or floors (4)."""
     from dflash_cli.bench import build_sweep_document, check_floors, check_lossless
+    from dflash_cli.bench.formats import to_csv, to_markdown
     from dflash_cli.bench.report import report_renderables
 
     doc = next(iter(docs.values())) if len(docs) == 1 else build_sweep_document(docs)
     if output is not None:
         _write_json(output, doc)
-    if as_json:
+    if fmt == "json":
         print_json(doc)
+    elif fmt in ("md", "csv"):
+        sys.stdout.write(to_markdown(doc) if fmt == "md" else to_csv(doc))
     else:
         console = out_console()
         for part in report_renderables(doc):
             console.print(part)
     check_lossless(doc)
     check_floors(doc, min_speedup=min_speedup, min_tau=min_tau)
+
+
+def _bench_endpoint(
+    url: str,
+    model: str | None,
+    samples: list[Sample],
+    settings: BenchSettings,
+    recipe_ref: str | None,
+    overrides: list[str] | None,
+    cache_dir: Path | None,
+) -> dict[str, Any]:
+    """Run the dataset against a server; with a recipe, build it and check greedy text against plain decoding."""
+    from dflash_cli.bench.datasets import dataset_name
+    from dflash_cli.bench.document import _now, tool_commit
+    from dflash_cli.bench.endpoint import Endpoint, run_endpoint
+
+    client = Endpoint(url)
+    model = model or client.model()
+    plain_text = None
+    if recipe_ref is not None:
+        from dflash_cli.cache import Cache
+        from dflash_cli.cli.build import build_progress
+        from dflash_cli.decoding.engine import build_engine
+        from dflash_cli.recipe import load_recipe
+
+        with build_progress() as on_event:
+            engine = build_engine(load_recipe(recipe_ref, overrides or []), Cache(cache_dir), on_event)
+
+        def plain_text(messages: list[dict]) -> str:
+            ids = engine.encode_chat(messages)
+            return engine.decode(engine.generate(ids, mode="plain", max_new_tokens=settings.max_new_tokens).tokens)
+
+    show_settings(
+        "dflash bench: endpoint",
+        [
+            ("endpoint", url),
+            ("model", model),
+            ("dataset", f"{settings.dataset} ({len(samples)} samples)"),
+            ("repeat / warmup", f"{settings.repeat} / {settings.warmup}"),
+            ("max_new_tokens", settings.max_new_tokens),
+            ("temperature", settings.temperature),
+            ("lossless check", recipe_ref or "off (pass --recipe)"),
+        ],
+    )
+    console = err_console()
+
+    def progress(done: int, total: int) -> None:
+        console.print(f"endpoint [{done}/{total}]", markup=False, highlight=False)
+
+    section = run_endpoint(client, model, samples, settings, plain_text=plain_text, on_progress=progress)
+    ep = section["endpoint"]
+    return {
+        "schema_version": 1,
+        "timestamp": _now(),
+        "tool_commit": tool_commit(),
+        "settings": {**settings.comparable(), "endpoint": url, "model": model, "recipe": recipe_ref},
+        "dataset": {
+            "name": dataset_name(settings.dataset),
+            "spec": settings.dataset,
+            "n_samples": len(samples),
+            "sample_ids": [s.id for s in samples],
+        },
+        **section,
+        **{k: v for k, v in ep.items() if k.startswith("spec_decode_") or k in _TOP_LATENCY},
+        "mean_acceptance_length": ep.get("mean_acceptance_length"),
+    }
+
+
+_TOP_LATENCY = (
+    "mean_ttft_ms",
+    "median_ttft_ms",
+    "p99_ttft_ms",
+    "mean_tpot_ms",
+    "median_tpot_ms",
+    "p99_tpot_ms",
+    "output_throughput",
+    "completed",
+    "duration",
+)
+
+
+def _compare(paths: list[Path], fmt: str) -> None:
+    from dflash_cli.bench.compare import compare, load_documents, render_rows
+
+    docs = load_documents(paths)
+    table = compare(docs, [p.name for p in paths])
+    if fmt == "json":
+        print_json(table)
+        return
+    header, cells = render_rows(table)
+    if fmt in ("md", "csv"):
+        sep = " | " if fmt == "md" else ","
+        lines = [sep.join(header), *(sep.join(c) for c in cells)]
+        if fmt == "md":
+            lines = [f"| {lines[0]} |", "|" + " --- |" * len(header), *(f"| {line} |" for line in lines[1:])]
+        sys.stdout.write("\n".join(lines) + "\n")
+        return
+    from rich.table import Table
+
+    t = Table(title="dflash bench compare", title_justify="left")
+    for i, h in enumerate(header):
+        t.add_column(h, justify="left" if i == 0 else "right")
+    for c in cells:
+        t.add_row(*c)
+    out_console().print(t)
 
 
 def _write_json(path: Path, doc: dict[str, Any]) -> None:
