@@ -39,7 +39,7 @@ def build_document(result: BenchResult, *, env: dict[str, Any] | None = None) ->
     vllm_top = {}
     if dflash:  # vLLM's names at the top level describe DFlash, as the legacy top-level fields do
         vllm_top = {k: v for k, v in dflash.items() if k.startswith("spec_decode_")}
-        vllm_top.update({k: dflash[k] for k in _LATENCY_KEYS})
+        vllm_top.update({k: dflash[k] for k in LATENCY_KEYS})
     return {
         "schema_version": SCHEMA_VERSION,
         "timestamp": _now(),  # when this document was made (UTC)
@@ -121,7 +121,7 @@ def mode_summary(
     return summary
 
 
-_LATENCY_KEYS = (
+LATENCY_KEYS = (
     "mean_ttft_ms",
     "median_ttft_ms",
     "p99_ttft_ms",

@@ -336,7 +336,7 @@ def _bench_endpoint(
 ) -> dict[str, Any]:
     """Run the dataset against a server; with a recipe, build it and check greedy text against plain decoding."""
     from dflash_cli.bench.datasets import dataset_name
-    from dflash_cli.bench.document import _now, tool_commit
+    from dflash_cli.bench.document import LATENCY_KEYS, _now, tool_commit
     from dflash_cli.bench.endpoint import Endpoint, run_endpoint
 
     client = Endpoint(url)
@@ -386,22 +386,9 @@ def _bench_endpoint(
             "sample_ids": [s.id for s in samples],
         },
         **section,
-        **{k: v for k, v in ep.items() if k.startswith("spec_decode_") or k in _TOP_LATENCY},
+        **{k: v for k, v in ep.items() if k.startswith("spec_decode_") or k in LATENCY_KEYS},
         "mean_acceptance_length": ep.get("mean_acceptance_length"),
     }
-
-
-_TOP_LATENCY = (
-    "mean_ttft_ms",
-    "median_ttft_ms",
-    "p99_ttft_ms",
-    "mean_tpot_ms",
-    "median_tpot_ms",
-    "p99_tpot_ms",
-    "output_throughput",
-    "completed",
-    "duration",
-)
 
 
 def _compare(paths: list[Path], fmt: str) -> None:

@@ -14,6 +14,7 @@ from dflash_cli.cli.common import (
     ForceOpt,
     JsonOpt,
     RebuildOpt,
+    RecipeArg,
     RecipeOpt,
     SetOpt,
     err_console,
@@ -41,9 +42,7 @@ def register(app: typer.Typer) -> None:
 
 @handle_errors
 def build_command(
-    recipe_arg: Annotated[
-        str | None, typer.Argument(metavar="[RECIPE]", help="Recipe name or .yaml path (same as --recipe).")
-    ] = None,
+    recipe_arg: RecipeArg = None,
     recipe: RecipeOpt = DEFAULT_RECIPE,
     set_: SetOpt = None,
     cache_dir: CacheDirOpt = None,

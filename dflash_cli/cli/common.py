@@ -26,6 +26,9 @@ RecipeOpt = Annotated[
     str,
     typer.Option("--recipe", "-r", help="Recipe name (see `dflash recipes list`) or path to a .yaml file."),
 ]
+RecipeArg = Annotated[
+    str | None, typer.Argument(metavar="[RECIPE]", help="Recipe name or .yaml path (same as --recipe).")
+]
 SetOpt = Annotated[
     list[str] | None,
     typer.Option(

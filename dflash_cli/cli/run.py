@@ -10,6 +10,7 @@ import typer
 from dflash_cli.cli.common import (
     CacheDirOpt,
     JsonOpt,
+    RecipeArg,
     RecipeOpt,
     SetOpt,
     err_console,
@@ -43,9 +44,7 @@ def run_command(
             help="Text to continue (the chat template applies when the recipe enables it); `-` reads stdin.",
         ),
     ],
-    recipe_arg: Annotated[
-        str | None, typer.Argument(metavar="[RECIPE]", help="Recipe name or .yaml path (same as --recipe).")
-    ] = None,
+    recipe_arg: RecipeArg = None,
     recipe: RecipeOpt = DEFAULT_RECIPE,
     set_: SetOpt = None,
     cache_dir: CacheDirOpt = None,

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from dflash_cli.cli.common import CacheDirOpt, RecipeOpt, SetOpt, err_console, examples, handle_errors
+from dflash_cli.cli.common import CacheDirOpt, RecipeArg, RecipeOpt, SetOpt, err_console, examples, handle_errors
 from dflash_cli.decoding.modes import DRAFTER_MODES
 from dflash_cli.recipe import DEFAULT_RECIPE
 
@@ -27,9 +27,7 @@ def register(app: typer.Typer) -> None:
 
 @handle_errors
 def serve_command(
-    recipe_arg: Annotated[
-        str | None, typer.Argument(metavar="[RECIPE]", help="Recipe name or .yaml path (same as --recipe).")
-    ] = None,
+    recipe_arg: RecipeArg = None,
     recipe: RecipeOpt = DEFAULT_RECIPE,
     set_: SetOpt = None,
     cache_dir: CacheDirOpt = None,
