@@ -4,8 +4,9 @@
 
 Starts `dflash serve` as a child process on 127.0.0.1 (any free port), with HumanEval prompts:
 1. Overhead, one request at a time, interleaved per prompt: the same greedy generation with the
-   engine `dflash run` uses (in this process) and through the server (streamed, timed by the
-   client from first to last text chunk). Reports both decode tok/s and the ratio.
+   engine `dflash run` uses (in this process), through the server streamed (timed by the client:
+   decode from the first to the last text chunk, end to end from sending to the last chunk) and
+   not streamed (sending to the whole answer). Tokens / time pooled over prompts, and the ratios.
 2. Load: N client threads send streamed requests back to back for T seconds (the queue holds
    --queue-size; a 503 is counted and retried after its Retry-After), then stop; requests in
    flight finish. Reports completed requests, errors, 503s, p50/p99 TTFT and TPOT, output tok/s
@@ -79,6 +80,18 @@ def stream_request(url: str, body: dict, timeout: float = 300) -> dict:
     }
 
 
+def whole_request(url: str, body: dict, timeout: float = 300) -> dict:
+    """One non-streamed completion: tokens and the time from sending to the whole answer."""
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+    t0 = time.perf_counter()
+    conn.request("POST", "/v1/completions", json.dumps(body))
+    doc = json.loads(conn.getresponse().read())
+    done = time.perf_counter() - t0
+    conn.close()
+    return {"tokens": doc["usage"]["completion_tokens"], "done_s": done, "text": doc["choices"][0]["text"]}
+
+
 def start_server(args) -> tuple[subprocess.Popen, str]:
     cmd = [sys.executable, "-m", "dflash_cli", "serve", "-r", args.recipe, "--port", "0"]
     cmd += ["--queue-size", str(args.queue_size)] + (["--cache-dir", args.cache_dir] if args.cache_dir else [])
@@ -106,27 +119,31 @@ def overhead(args, url: str, prompts: list[str]) -> dict:
     from dflash_cli.recipe import load_recipe
 
     engine = Engine.load(load_recipe(args.recipe), Cache(Path(args.cache_dir) if args.cache_dir else None))
-    rows, same = [], 0  # per prompt: (decode tokens, decode s, tokens, total s) direct and served
+    rows, same = [], 0  # per prompt: (decode tokens, decode s, tokens, total s) direct, streamed, whole
+    sides = ("direct", "streamed", "whole")
     for i, p in enumerate(prompts):
-        # Alternate which goes first, so warm caches favour neither side.
-        order = ("direct", "served") if i % 2 == 0 else ("served", "direct")
-        for side in order:
+        # Rotate which goes first, so warm caches favour none of them.
+        got = {}
+        for side in sides[i % 3 :] + sides[: i % 3]:
             if side == "direct":
                 r = engine.generate(engine.encode_prompt(p), max_new_tokens=args.max_tokens)
-                direct = (r.decode_tokens, r.decode_s, r.new_tokens, r.prefill_s + r.decode_s)
+                got[side] = (r.decode_tokens, r.decode_s, r.new_tokens, r.prefill_s + r.decode_s)
                 direct_text = engine.decode(r.tokens)
-            else:
+            elif side == "streamed":
                 x = stream_request(url, {"prompt": p, "max_tokens": args.max_tokens})
-                served = (x["tokens"] - 1, x["decode_s"], x["tokens"], x["done_s"])
+                got[side] = (x["tokens"] - 1, x["decode_s"], x["tokens"], x["done_s"])
                 served_text = x["text"]
-        rows.append((direct, served))
+            else:
+                x = whole_request(url, {"prompt": p, "max_tokens": args.max_tokens})
+                got[side] = (None, None, x["tokens"], x["done_s"])
+        rows.append(tuple(got[side] for side in sides))
         same += direct_text == served_text
     del engine
 
     def rate(side: int, tokens: int, seconds: int) -> float:  # pooled over prompts: sum tokens / sum time
         return sum(row[side][tokens] for row in rows) / sum(row[side][seconds] for row in rows)
 
-    per_prompt = [(s[2] / s[3]) / (d[2] / d[3]) for d, s in rows]
+    per_prompt = [(s[2] / s[3]) / (d[2] / d[3]) for d, s, _ in rows]
     return {
         "prompts": len(prompts),
         "direct_decode_tok_s": rate(0, 0, 1),
@@ -136,6 +153,8 @@ def overhead(args, url: str, prompts: list[str]) -> dict:
         "served_e2e_tok_s": rate(1, 2, 3),
         "served_over_direct_e2e": rate(1, 2, 3) / rate(0, 2, 3),
         "served_over_direct_e2e_median_per_prompt": statistics.median(per_prompt),
+        "whole_e2e_tok_s": rate(2, 2, 3),
+        "whole_over_direct_e2e": rate(2, 2, 3) / rate(0, 2, 3),
         "identical_text": same,
     }
 
@@ -245,7 +264,8 @@ def main() -> None:
         f"(ratio {o['served_over_direct_decode']:.3f}; served decode time starts at the first text chunk); "
         f"end to end (prefill, HTTP and tokenization included) direct {o['direct_e2e_tok_s']:.1f}, served "
         f"{o['served_e2e_tok_s']:.1f} (ratio {o['served_over_direct_e2e']:.3f}, median per prompt "
-        f"{o['served_over_direct_e2e_median_per_prompt']:.3f}); "
+        f"{o['served_over_direct_e2e_median_per_prompt']:.3f}); not streamed, end to end "
+        f"{o['whole_e2e_tok_s']:.1f} (ratio {o['whole_over_direct_e2e']:.3f}); "
         f"identical text on {o['identical_text']}/{o['prompts']}.",
         "",
         "| clients | s | completed | errors | 503 | p50 TTFT ms | p99 TTFT ms | p50 TPOT ms | p99 TPOT ms "
