@@ -85,6 +85,19 @@ def test_lookup_reports_its_match_length():
     assert drafter.propose([1, 2, 3, 9, 1, 2, 3]) == [9, 1, 2]
 
 
+def test_one_pass_proposal_and_evidence_agree_with_the_scans():
+    """The hybrid's single backward pass gives prompt lookup's proposal (latest match of a suffix of at
+    most 3 tokens) and the longest earlier match up to 8, as the per-n scans do."""
+    rng = np.random.default_rng(0)
+    for _ in range(3000):
+        committed = [int(t) for t in rng.integers(0, int(rng.choice([2, 3, 5, 20])), size=int(rng.integers(1, 50)))]
+        block = int(rng.choice([2, 4, 8, 16]))
+        three, eight = PromptLookupDrafter(block, max_ngram=3), PromptLookupDrafter(block, max_ngram=8)
+        proposal, evidence = three.propose_and_evidence(committed, 8)
+        assert proposal == three.propose(committed)
+        assert evidence == eight.propose_with_match(committed)[1]
+
+
 def _run(engine, *args):
     recipe, cache = str(engine.recipe.source), str(engine.compile_dir.parents[2])
     return CliRunner().invoke(create_app(), ["run", "-r", recipe, "--cache-dir", cache, *args])

@@ -20,7 +20,7 @@ import time
 
 from dflash_cli.decoding.prompt_lookup import PromptLookupDrafter
 
-MAX_NGRAM = 8  # longest suffix tried as evidence; longer matches say little more and cost a scan each
+MAX_NGRAM = 8  # longest suffix match counted as evidence; longer says little more
 # Proposals come from the latest match of a suffix of at most this many tokens (prompt lookup's own
 # setting): on HumanEval with the demo pair the latest 3-gram drafts better (tau 4.99) than the
 # latest 8-gram match (4.83), while the longer match is the better evidence of how far a copy goes.
@@ -58,7 +58,6 @@ class HybridProposer:
         self.dflash = dflash
         self.draft = dflash.draft  # the loop times draft calls through this
         self.block = block_size
-        self.evidence = PromptLookupDrafter(block_size, max_ngram=MAX_NGRAM)
         self.lookup = PromptLookupDrafter(block_size, max_ngram=PROPOSAL_NGRAM)
         self.stats = stats or HybridStats(block_size)
         self.sources: list[str] = []  # per verify step: "dflash" or "lookup"
@@ -82,8 +81,7 @@ class HybridProposer:
 
     def propose(self, history: list[int], last: int, pos: int) -> list[int]:
         started = time.perf_counter()
-        n = self.evidence.propose_with_match(history)[1]
-        lookup = self.lookup.propose(history)
+        lookup, n = self.lookup.propose_and_evidence(history, MAX_NGRAM)
         if self.use_lookup(n):
             self.dflash.skip()
             source, proposal = "lookup", lookup

@@ -62,6 +62,36 @@ class PromptLookupDrafter:
             proposal.append(committed[j] if j < length else proposal[j - length])
         return proposal, n
 
+    def propose_and_evidence(self, committed: list[int], evidence_max: int) -> tuple[list[int], int]:
+        """`propose`'s proposal and the longest earlier match of the suffix (up to `evidence_max` tokens),
+        in one backward pass over `committed` (a hybrid drafter asks this every step)."""
+        if not committed:
+            raise ValueError("prompt lookup needs at least one committed token")
+        want, length, last = self.num_proposals, len(committed), committed[-1]
+        cap = min(max(evidence_max, self.max_ngram), length - 1)
+        top = min(self.max_ngram, length - 1)
+        longest, latest = 0, {}  # latest: n -> last index of the latest match of the n-token suffix
+        for end in range(length - 2, -1, -1):
+            if committed[end] != last:
+                continue
+            m = 1
+            while m < cap and end - m >= 0 and committed[end - m] == committed[length - 1 - m]:
+                m += 1
+            longest = max(longest, m)
+            for n in range(self.min_ngram, min(m, top) + 1):
+                latest.setdefault(n, end)
+        evidence = min(longest, evidence_max)
+        if want == 0:
+            return [], evidence
+        if not latest:
+            return [last] * want, evidence
+        follow = latest[max(latest)] + 1
+        proposal: list[int] = []
+        for i in range(want):
+            j = follow + i
+            proposal.append(committed[j] if j < length else proposal[j - length])
+        return proposal, evidence
+
     def _match_end(self, committed: list[int]) -> tuple[int, int] | None:
         """(index just after the best earlier match of a suffix n-gram, n), or None without one."""
         length = len(committed)
