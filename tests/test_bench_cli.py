@@ -103,10 +103,11 @@ def test_floor_exits_4(tmp_path: Path, dataset: Path, built: list[dict]) -> None
     assert "mean acceptance length" in result.stderr
 
 
-def test_bad_dataset_exits_1_before_building(tmp_path: Path, built: list[dict]) -> None:
+def test_bad_dataset_exits_1_before_building(tmp_path: Path, built: list[dict], monkeypatch) -> None:
+    monkeypatch.setenv("DFLASH_DATASETS_DIR", str(tmp_path))
     result = _invoke("--dataset", "gsm8k")
     assert result.exit_code == 1
-    assert "no network here: pass the local JSONL path" in result.stderr
+    assert "is not available offline: looked for" in result.stderr and "hint:" in result.stderr
     assert len(built) == 1  # no engine was built
 
 
