@@ -77,8 +77,16 @@ class OrtConfig(_Section):
     allow_spinning: bool = False
 
 
+class QaicGraphConfig(_Section):
+    """One program's placement; null = the section's `num_cores` (split between the two programs when
+    they share a card) and `devices`."""
+
+    num_cores: int | None = Field(default=None, gt=0)
+    devices: list[int] | None = Field(default=None, min_length=1)
+
+
 class QaicConfig(_Section):
-    num_cores: int = Field(default=16, gt=0)
+    num_cores: int = Field(default=16, gt=0)  # the cores of one card the pair may use (8 + 8 when they share it)
     mxfp6_matmul: bool = False
     mxint8_kv_cache: bool = False
     mos: int | None = Field(default=None, gt=0)
@@ -86,6 +94,8 @@ class QaicConfig(_Section):
     aic_enable_depth_first: bool = False
     aic_hw_version: Literal["ai100", "ai200"] | None = None  # None = detect from qaic-util
     devices: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    target: QaicGraphConfig = QaicGraphConfig()
+    draft: QaicGraphConfig = QaicGraphConfig()
 
     @field_validator("devices")
     @classmethod

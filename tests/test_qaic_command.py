@@ -86,3 +86,37 @@ def test_options_from_mapping_and_key_fields() -> None:
 def test_invalid_options_are_recipe_errors(data: dict, fragment: str) -> None:
     with pytest.raises(RecipeError, match=fragment):
         QaicCompileOptions.from_mapping(data)
+
+
+def test_two_programs_on_one_card_split_its_cores() -> None:
+    shared = QaicCompileOptions.from_mapping({"num_cores": 16, "devices": [0]})
+    assert shared.placement() == {"target": (8, (0,)), "draft": (8, (0,))}
+    assert shared.for_graph("draft").num_cores == 8 and shared.for_graph("draft").devices == (0,)
+    apart = QaicCompileOptions.from_mapping({"num_cores": 16, "devices": [0], "draft": {"devices": [1]}})
+    assert apart.placement() == {"target": (16, (0,)), "draft": (16, (1,))}
+    own = QaicCompileOptions.from_mapping({"num_cores": 16, "target": {"num_cores": 12}, "draft": {"num_cores": 4}})
+    assert own.placement() == {"target": (12, (0,)), "draft": (4, (0,))}
+    assert own.key_fields()["placement"] == {
+        "target": {"num_cores": 12, "num_devices": 1},
+        "draft": {"num_cores": 4, "num_devices": 1},
+    }
+
+
+def test_core_over_subscription_is_refused_with_the_numbers() -> None:
+    from dflash_cli.errors import BackendError
+
+    both = QaicCompileOptions.from_mapping({"target": {"num_cores": 16}, "draft": {"num_cores": 16}})
+    with pytest.raises(BackendError) as info:
+        both.check_fit(16)
+    assert "device 0 has 16 cores but the programs placed on it ask for 32 (target 16 + draft 16)" in info.value.message
+    assert "compile.qaic.draft.devices" in info.value.hint
+    both.check_fit({0: 32})  # a bigger card (qaic-util's count) holds both
+    both.check_fit(None)  # unknown hardware: nothing to check against
+    QaicCompileOptions.from_mapping({}).check_fit(16)  # the default 8 + 8 fits one card
+
+
+def test_bad_per_program_placement() -> None:
+    with pytest.raises(RecipeError, match="draft.devices"):
+        QaicCompileOptions.from_mapping({"draft": {"devices": [1, 1]}})
+    with pytest.raises(RecipeError, match="target.num_cores"):
+        QaicCompileOptions.from_mapping({"target": {"num_cores": 0}})

@@ -57,7 +57,7 @@ def test_compile_runs_the_built_command_and_keeps_logs(fake_env: dict[str, Path]
             tool,
             fake_env["export"] / f"{graph}.onnx",
             fake_env["out"] / graph,
-            options,
+            options.for_graph(graph),  # 16 cores of one card: 8 for each program
             hw_version="ai100",
             has_local_functions=False,
         )
@@ -133,3 +133,11 @@ def test_readme_of_fake_is_explicit() -> None:
     # The fake must never be mistaken for the SDK.
     assert "FAKE qaic-compile" in FAKE_COMPILER.read_text()
     onnx.checker.check_model(build_target())  # the graphs it is fed are valid ONNX
+
+
+def test_over_subscribed_card_is_refused_before_compiling(fake_env: dict[str, Path]) -> None:
+    options = QaicCompileOptions.from_mapping({"target": {"num_cores": 16}, "draft": {"num_cores": 16}})
+    with pytest.raises(BackendError) as info:
+        compile_graphs(fake_env["export"], fake_env["out"], options)
+    assert "ask for 32 (target 16 + draft 16)" in info.value.message
+    assert not fake_env["record"].exists()  # the compiler never ran

@@ -232,6 +232,16 @@ def test_shape_outside_specializations(fake: tuple, tmp_path: Path) -> None:
         session.run({"input_ids": np.zeros((1, 8), np.int64)})
 
 
+def test_activation_failure_names_device_and_cores(fake: tuple, tmp_path: Path, monkeypatch) -> None:
+    rt = fake[0]
+    _session(tmp_path)  # writes the program file
+    monkeypatch.setattr(rt.Program, "activate", lambda self: "error")  # e.g. the cores are taken
+    with pytest.raises(BackendError) as info:
+        open_qaic_session(tmp_path, "target", 3, num_cores=8)
+    assert "activating the program on device 3, 8 cores" in info.value.message
+    assert "status error" in info.value.message
+
+
 def test_multi_device_uses_dev_mapping(fake: tuple, tmp_path: Path) -> None:
     _session(tmp_path)  # writes the program file
     multi = QaicSession(tmp_path / "target" / "qpc", "target", [2, 3])

@@ -229,9 +229,18 @@ def _median_seconds(call, repeats: int) -> float:
 def _open(backend: str, compile_dir: Path, graph: str, recipe: Any, tables=None):
     info = json.loads((compile_dir / "export.json").read_text())
     if backend == "qaic":
+        from dflash_cli.qaic.command import QaicCompileOptions
+        from dflash_cli.qaic.compile import cores_per_device
         from dflash_cli.qaic.runtime import open_qaic_session
+        from dflash_cli.qaic.sdk import find_sdk
 
-        return open_qaic_session(compile_dir, graph, list(recipe.compile.qaic.devices))
+        options = QaicCompileOptions.from_mapping(recipe.compile.qaic.model_dump())
+        facts_path = compile_dir / "compile.json"
+        facts = json.loads(facts_path.read_text()) if facts_path.is_file() else {}
+        hw = facts.get("hw_version") or recipe.compile.qaic.aic_hw_version or "ai100"
+        options.check_fit(cores_per_device(hw, find_sdk()))  # both programs run at once: they must fit
+        cores, devices = options.placement()[graph]
+        return open_qaic_session(compile_dir, graph, list(devices), num_cores=cores)
     if backend != "ort":
         raise BackendError(f"unknown backend {backend!r}", hint="compile.backend is ort or qaic")
     from dflash_cli.backends.ort import OrtSession, OrtSettings, resolve_provider

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from dflash_cli.errors import BackendError
 from dflash_cli.qaic.command import CompilerTool, QaicCompileOptions, compiler_command
-from dflash_cli.qaic.sdk import DEFAULT_ROOT, HwVersion
+from dflash_cli.qaic.sdk import CORES_PER_CARD, DEFAULT_ROOT, HwVersion
 from dflash_cli.qaic.specs import (
     EXPORT_FILE,
     GRAPHS,
@@ -57,6 +57,7 @@ def emit_bundle(
         raise BackendError(f"{dest_dir} is not empty", hint="choose a new or empty directory for --emit-script")
     info = read_export_json(export_dir)
     hw = hw_version or options.aic_hw_version or "ai100"
+    options.check_fit(CORES_PER_CARD.get(hw))
     dest_dir.mkdir(parents=True, exist_ok=True)
     shutil.copy2(export_dir / EXPORT_FILE, dest_dir / EXPORT_FILE)
 
@@ -64,23 +65,24 @@ def emit_bundle(
     for graph in GRAPHS:
         graph_info = info["graphs"][graph]
         onnx_name = graph_info["onnx"]
+        graph_options = options.for_graph(graph)
         copy_onnx_with_data(export_dir / onnx_name, dest_dir / onnx_name)
         write_graph_inputs(
             graph_info,
             dest_dir / onnx_name,
             dest_dir / graph,
             ctx_len=info["ctx_len"],
-            kv_precision=options.kv_precision,
-            num_devices=options.num_devices,
-            num_cores=options.num_cores,
-            fmt=options.specialization_format,
+            kv_precision=graph_options.kv_precision,
+            num_devices=graph_options.num_devices,
+            num_cores=graph_options.num_cores,
+            fmt=graph_options.specialization_format,
         )
         # compile_only is decided in the script from the compiler's name, not here.
         commands[graph] = compiler_command(
             CompilerTool(_COMPILER_WORD),
             onnx_name,
             graph,
-            options,
+            graph_options,
             hw_version=hw,
             has_local_functions=onnx_has_local_functions(dest_dir / onnx_name),
         )
@@ -182,8 +184,8 @@ Older SDKs without exec/qaic-compile:
 
     QAIC_COMPILE=/opt/qti-aic/exec/qaic-exec bash compile.sh
 
-Settings baked into the commands: hardware {hw_version}, {options.num_cores} cores per device,
-{options.num_devices} device(s), KV cache {options.kv_precision}, mxfp6 MatMul {options.mxfp6_matmul}.
+Settings baked into the commands: hardware {hw_version}, {_placement_text(options)},
+KV cache {options.kv_precision}, mxfp6 MatMul {options.mxfp6_matmul}.
 To change them, emit the bundle again with other recipe settings.
 
 Success is target/qpc/programqpc.bin and draft/qpc/programqpc.bin; each graph's compiler
@@ -194,3 +196,9 @@ output is kept in <graph>/compile.log. A quick health check on a card:
 After compiling, this directory has the layout of a dflash compile artifact
 (<graph>/qpc/programqpc.bin).
 """
+
+
+def _placement_text(options: QaicCompileOptions) -> str:
+    return ", ".join(
+        f"{graph} {cores} cores on {len(devices)} device(s)" for graph, (cores, devices) in options.placement().items()
+    )

@@ -7,11 +7,11 @@ tests, run by `compile`, and written into a bundle's compile.sh with relative pa
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import PurePath
 from typing import Any, get_args
 
-from dflash_cli.errors import RecipeError
+from dflash_cli.errors import BackendError, RecipeError
 from dflash_cli.qaic.sdk import HwVersion, QaicSdk
 from dflash_cli.qaic.specs import (
     CUSTOM_IO_FILE,
@@ -39,11 +39,17 @@ class QaicCompileOptions:
     aic_hw_version: HwVersion | None = None  # None: detect with qaic-util, ai100 if no card
     devices: tuple[int, ...] = (0,)  # QIDs to run on; >1 compiles a multi-device partition
     specialization_format: SpecFormat = "named"  # "legacy" for SDKs that want a flat list
+    # Per-program placement (recipe compile.qaic.target / .draft); None = from num_cores / devices.
+    target_num_cores: int | None = None
+    draft_num_cores: int | None = None
+    target_devices: tuple[int, ...] | None = None
+    draft_devices: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         # Accept a list from YAML but keep the object hashable and frozen.
-        if isinstance(self.devices, list):
-            object.__setattr__(self, "devices", tuple(self.devices))
+        for name in ("devices", "target_devices", "draft_devices"):
+            if isinstance(getattr(self, name), list):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
         problems = self.problems()
         if problems:
             raise RecipeError(
@@ -67,12 +73,71 @@ class QaicCompileOptions:
             out.append(f"devices must be distinct non-negative integers, not {list(self.devices)!r}")
         if self.specialization_format not in SPEC_FORMATS:
             out.append(f"specialization_format must be one of {', '.join(SPEC_FORMATS)}")
+        for graph in ("target", "draft"):
+            cores, devices = getattr(self, f"{graph}_num_cores"), getattr(self, f"{graph}_devices")
+            if cores is not None and not _int_at_least(cores, 1):
+                out.append(f"{graph}.num_cores must be a positive integer or null, not {cores!r}")
+            if devices is not None and (
+                not devices or not all(_int_at_least(d, 0) for d in devices) or len(set(devices)) != len(devices)
+            ):
+                out.append(f"{graph}.devices must be distinct non-negative integers or null, not {devices!r}")
         return out
+
+    def placement(self) -> dict[str, tuple[int, tuple[int, ...]]]:
+        """graph -> (cores, devices). Two programs sharing a card split `num_cores` (8 + 8 of 16) unless
+        either sets its own; a program alone on its cards gets all `num_cores`."""
+        t_dev = self.target_devices or self.devices
+        d_dev = self.draft_devices or self.devices
+        own = self.target_num_cores is not None or self.draft_num_cores is not None
+        if not own and set(t_dev) & set(d_dev) and self.num_cores >= 2:
+            t_cores, d_cores = (self.num_cores + 1) // 2, self.num_cores // 2
+        else:
+            t_cores = self.target_num_cores or self.num_cores
+            d_cores = self.draft_num_cores or self.num_cores
+        return {"target": (t_cores, tuple(t_dev)), "draft": (d_cores, tuple(d_dev))}
+
+    def for_graph(self, graph: str) -> QaicCompileOptions:
+        """The options one program is compiled and opened with: its own cores and devices."""
+        cores, devices = self.placement()[graph]
+        return replace(
+            self,
+            num_cores=cores,
+            devices=devices,
+            target_num_cores=None,
+            draft_num_cores=None,
+            target_devices=None,
+            draft_devices=None,
+        )
+
+    def check_fit(self, cores_per_device: Mapping[int, int] | int | None) -> None:
+        """Refuse placements that ask one card for more cores than it has (both programs are active at
+        once). `cores_per_device`: a card's cores, or per QID (from qaic-util); None = unknown, no check."""
+        if cores_per_device is None:
+            return
+        users: dict[int, list[tuple[str, int]]] = {}
+        for graph, (cores, devices) in self.placement().items():
+            for dev in devices:
+                users.setdefault(dev, []).append((graph, cores))
+        for dev, on_it in sorted(users.items()):
+            have = cores_per_device if isinstance(cores_per_device, int) else cores_per_device.get(dev)
+            need = sum(c for _, c in on_it)
+            if have is not None and need > have:
+                asked = " + ".join(f"{g} {c}" for g, c in on_it)
+                raise BackendError(
+                    f"device {dev} has {have} cores but the programs placed on it ask for {need} ({asked})",
+                    hint=f"set compile.qaic.target.num_cores and compile.qaic.draft.num_cores to sum to at most "
+                    f"{have}, or give the draft its own card with compile.qaic.draft.devices",
+                )
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any] | None) -> QaicCompileOptions:
         """Build from a recipe mapping; unknown keys are an error, never silently dropped."""
         data = dict(data or {})
+        for graph in ("target", "draft"):  # the recipe's nested per-program sections, flattened
+            section = data.pop(graph, None) or {}
+            for key in ("num_cores", "devices"):
+                if section.get(key) is not None:
+                    data[f"{graph}_{key}"] = section[key]
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -93,8 +158,11 @@ class QaicCompileOptions:
     def key_fields(self) -> dict[str, Any]:
         """What the compiled program depends on: the QIDs do not (only their count does)."""
         out = asdict(self)
-        del out["devices"]
+        for name in ("devices", "target_devices", "draft_devices"):
+            del out[name]
         out["num_devices"] = self.num_devices
+        # Which cores each program gets, and on how many cards, decide what is compiled.
+        out["placement"] = {g: {"num_cores": c, "num_devices": len(d)} for g, (c, d) in self.placement().items()}
         return out
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from dflash_cli.errors import BackendError
 from dflash_cli.qaic.command import CompilerTool, QaicCompileOptions, compiler_command
-from dflash_cli.qaic.sdk import HwVersion, QaicSdk, detect_hw_version, require_sdk
+from dflash_cli.qaic.sdk import CORES_PER_CARD, HwVersion, QaicSdk, detect_hw_version, query_devices, require_sdk
 from dflash_cli.qaic.specs import (
     GRAPHS,
     PROGRAM_FILE,
@@ -44,6 +44,13 @@ def resolve_hw_version(options: QaicCompileOptions, sdk: QaicSdk | None) -> HwVe
         return options.aic_hw_version
     detected = detect_hw_version(sdk) if sdk is not None else None
     return detected or "ai100"
+
+
+def cores_per_device(hw_version: str, sdk: QaicSdk | None) -> dict[int, int] | int | None:
+    """Each visible card's cores (qaic-util), else the hardware version's, else None (unknown: no check)."""
+    devices = query_devices(sdk) if sdk is not None and sdk.util else []
+    known = {d.qid: d.nsp_total for d in devices if d.nsp_total}
+    return known or CORES_PER_CARD.get(hw_version)
 
 
 def key_fields(options: QaicCompileOptions, sdk: QaicSdk | None) -> dict[str, Any]:
@@ -91,29 +98,31 @@ def compile_graphs(
         "options": options.key_fields(),
         "graphs": {},
     }
+    options.check_fit(cores_per_device(hw_version, sdk))  # before minutes of compiling, not at first run
     for graph in GRAPHS:
         graph_info = info["graphs"][graph]
         onnx_path = export_dir / graph_info["onnx"]
         work = out_dir / graph
+        graph_options = options.for_graph(graph)
         write_graph_inputs(
             graph_info,
             onnx_path,
             work,
             ctx_len=info["ctx_len"],
-            kv_precision=options.kv_precision,
-            num_devices=options.num_devices,
-            num_cores=options.num_cores,
-            fmt=options.specialization_format,
+            kv_precision=graph_options.kv_precision,
+            num_devices=graph_options.num_devices,
+            num_cores=graph_options.num_cores,
+            fmt=graph_options.specialization_format,
         )
         cmd = compiler_command(
             tool,
             onnx_path,
             work,
-            options,
+            graph_options,
             hw_version=hw_version,
             has_local_functions=onnx_has_local_functions(onnx_path),
         )
-        progress(f"compiling {graph} graph with {sdk.compiler_kind} ({hw_version}, {options.num_cores} cores)")
+        progress(f"compiling {graph} graph with {sdk.compiler_kind} ({hw_version}, {graph_options.num_cores} cores)")
         started = time.monotonic()
         returncode = run_compiler(cmd, work / LOG_FILE)
         check_compiled(graph, work, returncode)

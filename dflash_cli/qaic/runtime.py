@@ -86,6 +86,7 @@ class QaicSession:
         timeout_ms: int = DEFAULT_TIMEOUT_MS,
         reset_mode: str = "zero-feed",
         runtime: tuple[ModuleType, ModuleType] | None = None,
+        num_cores: int | None = None,  # for error messages: what this program asks of its cards
     ) -> None:
         if reset_mode not in RESET_MODES:
             raise ValueError(f"reset_mode must be one of {RESET_MODES}, not {reset_mode!r}")
@@ -123,7 +124,15 @@ class QaicSession:
             props.devMapping = ":".join(str(i) for i in ids)
         self._program = rt.Program(self._context, ids[0] if len(ids) == 1 else None, qpc, props)
         self._check(self._program.load(), "loading the program")
-        self._program.activate()  # return value not checked: QEfficient does not either
+        status = self._program.activate()
+        if status is not None:  # bindings that return nothing from activate() report failures by raising
+            where = f"device{'s' if len(ids) > 1 else ''} {', '.join(map(str, ids))}"
+            cores = f", {num_cores} cores" if num_cores else ""
+            self._check(
+                status,
+                f"activating the program on {where}{cores} (another program may hold the cores: "
+                "`qaic-util -q` shows each card's free NSPs)",
+            )
         self._exec = rt.ExecObj(self._context, self._program)
         # A fresh session starts from a zero cache, by the same mechanism as reset().
         self._zero_state_pending = reset_mode == "zero-feed"

@@ -35,6 +35,10 @@ CompilerKind = Literal["qaic-compile", "qaic-exec"]
 HwVersion = Literal["ai100", "ai200"]
 
 
+# NSP cores of one card by hardware version, for when no card is visible to ask (qaic-util's "Nsp Total").
+CORES_PER_CARD: dict[str, int] = {"ai100": 16}
+
+
 def sdk_root() -> Path:
     """The SDK root: $DFLASH_QAIC_ROOT when set (tests, odd installs), else /opt/qti-aic."""
     return Path(os.environ.get(ROOT_ENV) or DEFAULT_ROOT)

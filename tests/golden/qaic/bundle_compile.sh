@@ -18,7 +18,7 @@ rm -rf target/qpc
   -aic-hw-version=ai100 \
   -retained-state \
   -convert-to-fp16 \
-  -aic-num-cores=16 \
+  -aic-num-cores=8 \
   -network-specialization-config=target/specializations.json \
   -custom-IO-list-file=target/custom_io.yaml \
   -aic-binary-dir=target/qpc \
@@ -34,7 +34,7 @@ rm -rf draft/qpc
   -aic-hw-version=ai100 \
   -retained-state \
   -convert-to-fp16 \
-  -aic-num-cores=16 \
+  -aic-num-cores=8 \
   -network-specialization-config=draft/specializations.json \
   -custom-IO-list-file=draft/custom_io.yaml \
   -aic-binary-dir=draft/qpc \
