@@ -124,18 +124,21 @@ class QaicSession:
             props.devMapping = ":".join(str(i) for i in ids)
         self._program = rt.Program(self._context, ids[0] if len(ids) == 1 else None, qpc, props)
         self._check(self._program.load(), "loading the program")
-        status = self._program.activate()
-        if status is not None:  # bindings that return nothing from activate() report failures by raising
-            where = f"device{'s' if len(ids) > 1 else ''} {', '.join(map(str, ids))}"
-            cores = f", {num_cores} cores" if num_cores else ""
-            self._check(
-                status,
-                f"activating the program on {where}{cores} (another program may hold the cores: "
-                "`qaic-util -q` shows each card's free NSPs)",
-            )
+        self._where = f"device{'s' if len(ids) > 1 else ''} {', '.join(map(str, ids))}"
+        self._where += f", {num_cores} cores" if num_cores else ""
+        self._activate()
         self._exec = rt.ExecObj(self._context, self._program)
         # A fresh session starts from a zero cache, by the same mechanism as reset().
         self._zero_state_pending = reset_mode == "zero-feed"
+
+    def _activate(self) -> None:
+        status = self._program.activate()
+        if status is not None:  # bindings that return nothing from activate() report failures by raising
+            self._check(
+                status,
+                f"activating the program on {self._where} (another program may hold the cores: "
+                "`qaic-util -q` shows each card's free NSPs)",
+            )
 
     def _check(self, status: Any, what: str) -> None:
         if status != self._ok:
@@ -159,7 +162,7 @@ class QaicSession:
         if self.reset_mode == "reactivate":
             del self._exec
             self._program.deactivate()
-            self._program.activate()
+            self._activate()
             self._exec = self._rt.ExecObj(self._context, self._program)
         else:
             self._zero_state_pending = True
