@@ -66,11 +66,17 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
+# fp16's most negative finite value. float32's minimum (-3.4e38) becomes -inf when a compiler converts
+# the graph to fp16 (QAIC's -convert-to-fp16), and a fully masked padding row then turns into NaN;
+# this value stays finite in fp16, bf16 and fp32, and exp() of it is 0 in all three.
+MASKED_SCORE = -65504.0
+
+
 def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
     """Attention with grouped KV heads, without materialising repeated K/V.
 
     q [b, h, s, d]; k, v [b, kvh, t, d]; visible bool [b, 1, s, t]. Returns [b, s, h*d].
-    Masked scores use the dtype's finite minimum (not -inf) so fully masked padding rows stay finite.
+    Masked scores are MASKED_SCORE (not -inf) so fully masked padding rows stay finite.
     """
     b, h, s, d = q.shape
     kvh, t = k.shape[1], k.shape[2]
@@ -79,7 +85,7 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible
     scores = torch.matmul(qg, k.transpose(-1, -2)) * (d**-0.5)  # [b, kvh, groups*s, t]
     scores = scores.reshape(b, kvh, groups, s, t)
     mask = visible[:, :, None]  # [b, 1, 1, s, t]
-    scores = torch.where(mask, scores, torch.full_like(scores, torch.finfo(scores.dtype).min))
+    scores = torch.where(mask, scores, torch.full_like(scores, MASKED_SCORE))
     probs = torch.softmax(scores, dim=-1).reshape(b, kvh, groups * s, t)
     out = torch.matmul(probs, v).reshape(b, h, s, d)
     return out.transpose(1, 2).reshape(b, s, h * d)

@@ -21,6 +21,11 @@ from dflash_cli.stages.base import StageContext
 FULL_VALIDATION_BYTES = 1 << 30  # float32 bytes of both graphs up to which the real graphs are validated
 
 
+# Bumped whenever the traced graphs change, so cached exports made by older code are rebuilt:
+# 2 = fp16-finite mask constant (was float32's minimum, -inf under a compiler's fp16 conversion).
+GRAPH_REVISION = 2
+
+
 class ExportStage:
     name = "export"
     version = 2
@@ -30,6 +35,7 @@ class ExportStage:
     def key_fields(self, recipe: Any) -> dict[str, Any]:
         e = recipe.export
         return {
+            "graph_revision": GRAPH_REVISION,
             "ctx_len": e.ctx_len,
             "prefill_seq_len": e.prefill_seq_len,
             "opset": e.opset,
