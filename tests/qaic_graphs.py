@@ -15,6 +15,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from dflash_cli.modeling.layers import MASKED_SCORE
+
 OPSET = 17
 SEQ = "seq_len"
 
@@ -91,6 +93,7 @@ def build_target(
     batch_symbol: str | None = None,
     extra_op: str | None = None,
     logits: bool = True,
+    mask_value: float = MASKED_SCORE,
 ) -> onnx.ModelProto:
     """target.onnx: tokens (+ logits), context_features, retained KV for `target_layers` layers.
 
@@ -107,7 +110,7 @@ def build_target(
     slots4 = b.op("Unsqueeze", [slots, b.const(np.array([0, 1, 2], np.int64))])
     pos4 = b.op("Unsqueeze", ["position_ids", b.const(np.array([1, 3], np.int64))])
     future = b.op("Greater", [slots4, pos4])  # [1, 1, S, C]: slots after the query position
-    neg_big = b.const(np.array(np.finfo(np.float32).min, np.float32), "neg_min")
+    neg_big = b.const(np.array(mask_value, np.float32), "neg_min")  # as the real export: finite in fp16
     scale = b.const(np.array(1.0 / np.sqrt(d.head_dim), np.float32), "scale")
     idx = None
     for i in range(d.target_layers):
@@ -166,7 +169,7 @@ def build_draft(d: TinyDims = TinyDims(), *, seed: int = 1) -> onnx.ModelProto:
     start4 = b.op("Unsqueeze", [start, b.const(np.array([1, 3], np.int64))])
     # Context strictly before the block is visible: slot > start - 1 is masked.
     hidden_slots = b.op("Greater", [slots4, b.op("Sub", [start4, b.const(np.array(1, np.int64))])])
-    neg_big = b.const(np.array(np.finfo(np.float32).min, np.float32), "neg_min")
+    neg_big = b.const(np.array(MASKED_SCORE, np.float32), "neg_min")  # as the real export: finite in fp16
     scale = b.const(np.array(1.0 / np.sqrt(d.head_dim), np.float32), "scale")
     idx = None
     for i in range(d.draft_layers):

@@ -58,7 +58,8 @@ def test_target_fp16_agrees_with_fp32(graphs: dict[str, Path]) -> None:
     feeds = _prefill_feeds()
     ref, half = _run(graphs["target"], feeds), _run(graphs["target16"], feeds)
     assert detect_nonfinite(half) == {}
-    # The float32-minimum mask constant was clipped to fp16's range, not turned into -inf.
+    # Padded rows (position -1) see nothing: the mask value must stay finite in fp16 (the emulation does
+    # not clip constants, so float32's minimum there would become -inf and these rows NaN).
     np.testing.assert_array_equal(ref["tokens"][:, :5], half["tokens"][:, :5])
     for name in ("logits", "context_features", "past_key.1_RetainedState"):
         np.testing.assert_allclose(half[name], ref[name], rtol=2e-2, atol=2e-2, err_msg=name)
@@ -95,3 +96,14 @@ def test_detect_nonfinite() -> None:
         "ok": np.zeros(3, np.float16),
     }
     assert detect_nonfinite(outputs) == {"logits": 2}
+
+
+def test_emulation_does_not_clip_what_the_compiler_would_not(tmp_path: Path) -> None:
+    """float32's minimum as the mask value turns into -inf in fp16 and the padded rows of a prefill
+    chunk into NaN: the emulation shows it (it used to clip the constant to -65504 and hide it)."""
+    import numpy as np
+
+    old = build_target(D, mask_value=float(np.finfo(np.float32).min))
+    onnx.save(old, str(tmp_path / "old.onnx"))
+    half = _run(to_fp16(tmp_path / "old.onnx", tmp_path / "old16.onnx"), _prefill_feeds())
+    assert detect_nonfinite(half), "float32's minimum should not survive fp16"

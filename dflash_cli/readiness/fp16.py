@@ -7,8 +7,9 @@ card is involved we convert the graph to fp16 and compare against fp32 on the CP
 The converter is onnxruntime's maintained `onnxruntime.transformers.float16` (the successor
 of onnxconverter-common's, shipped with onnxruntime, so no extra dependency). Unlike the
 onnxconverter-common 1.16 converter it also rewrites existing `Cast(to=float)` nodes (every
-RMSNorm has one), clips constants to the fp16 range (±65504) rather than ±10000, and converts
-graphs over 2 GB from a path.
+RMSNorm has one) and converts graphs over 2 GB from a path. Its clipping of out-of-range constants
+is turned off: -convert-to-fp16 does not clip, so a constant beyond fp16's range (float32's minimum
+as a mask value) becomes inf here as it would on the card, and its NaNs show.
 
 Limits of the emulation (documented, not hidden): ONNX Runtime's CPU provider runs ops that
 lack an fp16 kernel in fp32 behind inserted casts, and the device's fp16 kernels accumulate
@@ -50,11 +51,12 @@ def to_fp16(onnx_path: Path, out_path: Path, *, keep_io_types: bool = True) -> P
     model = load_with_data(onnx_path)  # external data loaded: initializers must be converted
     if model.functions:
         model = inline_local_functions(model)
+    _overflow_to_inf(model)
     big = model.ByteSize() > _EXTERNAL_DATA_BYTES
     model = convert_float_to_float16(
         model,
         min_positive_val=FP16_MIN_POSITIVE,
-        max_finite_val=FP16_MAX,
+        max_finite_val=FP16_MAX,  # clips only finite values: the ones made inf above stay inf
         keep_io_types=keep_io_types,
         disable_shape_infer=big,  # in-memory shape inference cannot take > 2 GB protos
         op_block_list=[],
@@ -71,6 +73,34 @@ def to_fp16(onnx_path: Path, out_path: Path, *, keep_io_types: bool = True) -> P
     else:
         onnx.save_model(model, str(out_path))
     return out_path
+
+
+def _overflow_to_inf(model) -> None:
+    """Set float constants beyond fp16's range to +-inf, as a cast to fp16 does (the converter would
+    clip them to +-65504, which the card does not). Initializers, Constant and ConstantOfShape values."""
+    import onnx
+    from onnx import numpy_helper
+
+    def fix(tensor) -> None:
+        if tensor.data_type != onnx.TensorProto.FLOAT:
+            return
+        array = numpy_helper.to_array(tensor)
+        over = np.abs(array) > FP16_MAX
+        if np.any(over & np.isfinite(array)):
+            array = np.where(over, np.copysign(np.inf, array), array).astype(np.float32)
+            tensor.CopyFrom(numpy_helper.from_array(array, tensor.name))
+
+    def visit(graph) -> None:
+        for init in graph.initializer:
+            fix(init)
+        for node in graph.node:
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.TENSOR:
+                    fix(attr.t)
+                for sub in list(attr.graphs) + ([attr.g] if attr.HasField("g") else []):
+                    visit(sub)
+
+    visit(model.graph)
 
 
 def detect_nonfinite(outputs: Mapping[str, np.ndarray]) -> dict[str, int]:
