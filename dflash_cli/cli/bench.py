@@ -208,7 +208,7 @@ def bench_command(
     if max_new_tokens is None:
         from dflash_cli.recipe import load_recipe
 
-        max_new_tokens = load_recipe(recipe, set_ or []).run.max_new_tokens if recipe_given or not endpoint else 128
+        max_new_tokens = load_recipe(recipe, set_ or []).run.max_new_tokens
     settings = BenchSettings(
         dataset=dataset,
         max_new_tokens=max_new_tokens,
