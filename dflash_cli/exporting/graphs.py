@@ -67,10 +67,18 @@ def export_pair(
             {"context_features": 1, "context_position_ids": 1},
         ),
     ):
-        rope_name = "rotary.inv_freq" if gname == "target" else "draft.rotary.inv_freq"
+        prefix = "" if gname == "target" else "draft."
         sources = _sources(module, store, rename, dtype, rows)
-        sources[rope_name] = _constant(Rotary(rope_cfg).inv_freq.float())
+        rotary = Rotary(rope_cfg)
+        sources[prefix + "rotary.inv_freq"] = _constant(rotary.inv_freq.float())
         _keep_rope_float32(module)
+        # RoPE by table lookup in the graph (fp16-safe angles); the tables cover every cache slot.
+        cos, sin = rotary.tables(shape.ctx_len)
+        traced = module.rotary if gname == "target" else module.draft.rotary
+        device = traced.inv_freq.device  # the meta device: the bytes come from `sources`
+        traced.use_tables(cos.to(device), sin.to(device))
+        sources[prefix + "rotary.cos_table"] = _constant(cos)
+        sources[prefix + "rotary.sin_table"] = _constant(sin)
         ins, outs = module.io_names()
         example = _example_inputs(gname, module, shape, dtype)
         t0 = time.perf_counter()

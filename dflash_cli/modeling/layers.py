@@ -50,9 +50,26 @@ class Rotary(nn.Module):
             inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config)
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
         self.scaling = float(scaling)
+        self.register_buffer("cos_table", None, persistent=False)
+        self.register_buffer("sin_table", None, persistent=False)
+
+    def tables(self, max_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin for positions 0..max_positions-1, [max_positions, head_dim], computed in float32."""
+        freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * self.inv_freq.float()
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos() * self.scaling, emb.sin() * self.scaling
+
+    def use_tables(self, cos: torch.Tensor, sin: torch.Tensor) -> None:
+        """Look angles up instead of computing them: an exported graph then holds cos/sin values (within
+        +-1, exact to ~5e-4 in fp16) rather than the angle position x inv_freq, which a compiler's fp16
+        conversion rounds to whole radians past position ~2048 (QAIC's -convert-to-fp16)."""
+        self.cos_table, self.sin_table = cos, sin
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin of shape [b, 1, s, head_dim] for integer positions [b, s]."""
+        positions = positions.clamp(min=0)  # padding (-1) takes position 0: its outputs are never read
+        if self.cos_table is not None:
+            return self.cos_table[positions][:, None], self.sin_table[positions][:, None]
         freqs = positions[..., None].float() * self.inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)[:, None]
         return emb.cos() * self.scaling, emb.sin() * self.scaling
