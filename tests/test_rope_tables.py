@@ -41,3 +41,13 @@ def test_exported_graphs_look_rope_up(qwen3_engine, graph):
     assert not ops & {"Cos", "Sin"}, "angles are computed in the graph"
     tables = {i.name: list(i.dims) for i in model.graph.initializer if i.name.endswith(("cos_table", "sin_table"))}
     assert len(tables) == 2 and all(dims[0] == qwen3_engine.ctx_len for dims in tables.values())
+
+
+@pytest.mark.parametrize("graph", ["target", "draft"])
+def test_exported_ops_stay_on_the_qaic_allow_list(qwen3_engine, graph):
+    """What the export emits (RoPE lookup, padding map) must stay within the ops `dflash check` accepts."""
+    from dflash_cli.readiness.ops import graph_ops, load_allowlist, unsupported_ops
+
+    model = onnx.load(str(qwen3_engine.export_dir / f"{graph}.onnx"), load_external_data=False)
+    allowed, _ = load_allowlist()
+    assert unsupported_ops(graph_ops(model), allowed) == []

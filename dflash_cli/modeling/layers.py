@@ -67,7 +67,9 @@ class Rotary(nn.Module):
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin of shape [b, 1, s, head_dim] for integer positions [b, s]."""
-        positions = positions.clamp(min=0)  # padding (-1) takes position 0: its outputs are never read
+        # Padding (-1) takes position 0: its outputs are never read. (Where, not clamp: Clip is not on
+        # the QAIC op allow-list.)
+        positions = torch.where(positions < 0, torch.zeros_like(positions), positions)
         if self.cos_table is not None:
             return self.cos_table[positions][:, None], self.sin_table[positions][:, None]
         freqs = positions[..., None].float() * self.inv_freq
