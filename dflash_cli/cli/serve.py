@@ -9,8 +9,7 @@ import typer
 from dflash_cli.cli.common import CacheDirOpt, RecipeArg, RecipeOpt, SetOpt, err_console, examples, handle_errors
 from dflash_cli.decoding.modes import DRAFTER_MODES
 from dflash_cli.recipe import DEFAULT_RECIPE
-
-ENGINES = ("vllm", "sglang")
+from dflash_cli.serve.handoff import ENGINES
 
 
 def register(app: typer.Typer) -> None:
