@@ -188,9 +188,9 @@ def test_run_sets_inputs_by_name_and_casts_outputs(fake: tuple, tmp_path: Path) 
     # Inputs land at their binding index, converted to the binding's dtype (int32 -> int64).
     assert data[0] == np.arange(8, dtype=np.int64).tobytes()
     assert data[1] == np.arange(8, dtype=np.int64).tobytes()
-    # A fresh session starts from zeros: full-size fp16 zero buffers for the cache inputs ...
-    assert data[2] == np.zeros(CACHE, np.float16).tobytes() and dims[2] == tuple(CACHE)
-    # ... and retained-state outputs are always size 0 (they stay on the device).
+    # The cache is never fed, not even as zeros on a fresh session's first call: cache inputs and
+    # retained-state outputs are always size 0 (they stay on the device).
+    assert data[2] == b"" and data[3] == b"" and dims[2] == (0,)
     assert data[7] == b"" and data[8] == b"" and dims[7] == (0,)
     # Outputs: this specialization's shapes; fp16 logits come back as float32.
     assert out["tokens"].dtype == np.int64 and out["tokens"].tolist() == [list(range(1, 9))]
@@ -204,15 +204,20 @@ def test_run_sets_inputs_by_name_and_casts_outputs(fake: tuple, tmp_path: Path) 
     assert dims[5] == (1, 4, 32) and out["logits"].shape == (1, 4, 32)
 
 
-def test_reset_zero_feeds_once(fake: tuple, tmp_path: Path) -> None:
+def test_reset_keeps_the_device_cache_and_feeds_nothing(fake: tuple, tmp_path: Path) -> None:
     _, _, calls, _ = fake
     session = _session(tmp_path)
     session.run(_feeds(8))
+    n = len(calls)
     session.reset()
-    session.run(_feeds(4))
-    assert calls[-1][1][3] == np.zeros(CACHE, np.float16).tobytes()
-    session.run(_feeds(4))
-    assert calls[-1][1][3] == b""
+    assert len(calls) == n  # no deactivate/activate, no transfer
+    session.run(_feeds(8))
+    assert calls[-1][1][2] == b"" and calls[-1][1][3] == b""
+
+
+def test_unknown_reset_mode_is_refused(fake: tuple, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="reset_mode must be one of"):
+        _session(tmp_path, reset_mode="zero-feed")
 
 
 def test_reset_reactivate_mode(fake: tuple, tmp_path: Path) -> None:

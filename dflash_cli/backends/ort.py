@@ -95,10 +95,12 @@ class OrtSession:
             b.bind_output(n, "cpu")
         return b
 
-    def reset(self) -> None:
+    def reset(self, fill: float = 0.0) -> None:
+        """Start a new sequence. `fill` other than 0 stands in for what an accelerator's retained
+        buffers may hold (the fp16 emulation fills NaN: the graph must ignore slots nobody wrote)."""
         for buffers in self._buffers:
             for n, (shape, dt) in self._cache_spec.items():
-                buffers[n].update_inplace(np.zeros(shape, dt))
+                buffers[n].update_inplace(np.full(shape, fill, dt))
         self._parity = 0
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

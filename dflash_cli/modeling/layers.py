@@ -8,6 +8,30 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+# RMSNorm in two passes so it stays finite when a compiler runs it in fp16 (QAIC's -convert-to-fp16):
+# x^2 overflows fp16 for |x| > 256, and real residual streams carry outliers of 1e3-1e4. The coarse
+# pass squares x / COARSE (finite for any fp16 x) to estimate the RMS; the exact pass squares
+# x / estimate, which is ~1 whatever the RMS. The floor keeps the estimate positive when the coarse
+# mean underflows (RMS below ~0.06), so the estimate is never below COARSE * sqrt(floor) = 1/16.
+_NORM_COARSE = 256.0
+_NORM_FLOOR = 2.0**-24  # fp16's smallest subnormal
+
+
+def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / sqrt(mean(x^2) + eps) over the last dim, in x's dtype, without fp16 overflow or underflow.
+
+    Mathematically identical to the one-pass form: with s the coarse RMS estimate,
+    (x/s) / sqrt(mean((x/s)^2) + eps/s^2) = x / sqrt(mean(x^2) + eps).
+    """
+    coarse = x * (1.0 / _NORM_COARSE)
+    mean_sq = coarse.pow(2).mean(-1, keepdim=True)
+    # maximum, not clamp: Clip is not on the QAIC op allow-list.
+    scale = torch.sqrt(torch.maximum(mean_sq, torch.full_like(mean_sq, _NORM_FLOOR))) * _NORM_COARSE  # ~RMS
+    y = x / scale  # ~unit RMS; divides x itself, as x / COARSE loses small values to fp16 subnormals
+    # eps / s^2 as (sqrt(eps) / s)^2: every factor stays a normal fp16 number; it underflows harmlessly when s is large.
+    eps_scaled = (eps**0.5 / scale).pow(2)
+    return y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + eps_scaled)
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
@@ -16,9 +40,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        return self.weight * rms_normalize(x.float(), self.eps).to(x.dtype)
 
 
 class SwiGLU(nn.Module):
@@ -96,6 +118,9 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible
 
     q [b, h, s, d]; k, v [b, kvh, t, d]; visible bool [b, 1, s, t]. Returns [b, s, h*d].
     Masked scores are MASKED_SCORE (not -inf) so fully masked padding rows stay finite.
+    Cache slots no query can see are zeroed in V: on an accelerator the retained cache starts as
+    whatever the device buffer held (QEfficient never feeds it zeros), and a weight of 0 times a
+    NaN left there is still NaN. Masked K needs nothing: the Where on the scores discards it.
     """
     b, h, s, d = q.shape
     kvh, t = k.shape[1], k.shape[2]
@@ -106,6 +131,9 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible
     mask = visible[:, :, None]  # [b, 1, 1, s, t]
     scores = torch.where(mask, scores, torch.full_like(scores, MASKED_SCORE))
     probs = torch.softmax(scores, dim=-1).reshape(b, kvh, groups * s, t)
+    # A slot is live when some query sees it (mean, not any/max: ReduceMax is not on the QAIC allow-list).
+    live = (visible.to(probs.dtype).mean(dim=2) > 0)[..., None]  # [b, 1, t, 1]
+    v = torch.where(live, v, torch.zeros_like(v))
     out = torch.matmul(probs, v).reshape(b, h, s, d)
     return out.transpose(1, 2).reshape(b, s, h * d)
 

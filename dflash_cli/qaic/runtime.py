@@ -8,7 +8,10 @@ marked "unverified" below.
 Retained state: the program was compiled with -retained-state, so every `past_*` input is
 tied on the device to the matching `*_RetainedState` output. Passing a zero-size buffer for
 both tells the runtime to keep the device copy and skip the host transfer; the host never
-sees the cache.
+sees the cache and never feeds it, not even zeros at the start of a sequence (QEfficient never
+does either; with an mxint8 cache a host zero buffer would not even have the device's size). A
+fresh or reused buffer may hold anything: the graph ignores cache slots no query can see (masked
+scores, and V zeroed there), so stale or uninitialised slots never reach an output.
 
 Padding: positions of -1 are mapped to the spare cache slot (ctx_len - 1) by the graph itself
 (see the export contract), because the device's handling of a negative scatter index is not
@@ -32,7 +35,7 @@ from dflash_cli.qaic.sdk import sdk_root
 from dflash_cli.qaic.specs import PROGRAM_FILE, QPC_DIR
 
 DEFAULT_TIMEOUT_MS = 60_000
-RESET_MODES = ("zero-feed", "reactivate")
+RESET_MODES = ("keep", "reactivate")
 # SDK 1.22 renamed the program's timeout property; set whichever this runtime has.
 TIMEOUT_PROPERTIES = ("dataPathTimeoutMs", "SubmitRetryTimeoutMs")
 
@@ -84,7 +87,7 @@ class QaicSession:
         device_ids: Sequence[int] = (0,),
         *,
         timeout_ms: int = DEFAULT_TIMEOUT_MS,
-        reset_mode: str = "zero-feed",
+        reset_mode: str = "keep",
         runtime: tuple[ModuleType, ModuleType] | None = None,
         num_cores: int | None = None,  # for error messages: what this program asks of its cards
     ) -> None:
@@ -128,8 +131,6 @@ class QaicSession:
         self._where += f", {num_cores} cores" if num_cores else ""
         self._activate()
         self._exec = rt.ExecObj(self._context, self._program)
-        # A fresh session starts from a zero cache, by the same mechanism as reset().
-        self._zero_state_pending = reset_mode == "zero-feed"
 
     def _activate(self) -> None:
         status = self._program.activate()
@@ -145,27 +146,19 @@ class QaicSession:
             raise BackendError(f"QAIC runtime failed {what} for the {self.name} graph (status {status})")
 
     def reset(self) -> None:
-        """Zero the device KV cache before the next sequence. Both ways are UNVERIFIED on a card.
+        """Start a new sequence. "keep" (default): nothing to do, no transfer.
 
-        "zero-feed" (default): the next run() passes full-size zero buffers for every `past_*`
-        input instead of zero-size ones. Assumption: with -retained-state a supplied input
-        buffer replaces the retained copy for that call (zero-size means "keep the device
-        copy"), so that call's `*_RetainedState` outputs become the new, zero-based state.
-        Costs one host-to-device copy of the whole cache.
-        "reactivate": deactivate and re-activate the program, assuming activation allocates
-        retained-state buffers afresh (zeroed). No transfer, but slower to switch.
-
-        Correctness does not hinge on either: the graph masks cache slots after the current
-        position and a new sequence rewrites slots from 0, so zeroing only guards against
-        stale non-finite values leaking through 0 * inf in the attention product.
+        A new sequence writes cache slots from position 0 and each query sees only slots at or
+        before its own position; slots no query sees are zeroed in V inside the graph, so what a
+        previous sequence (or uninitialised memory) left there, NaN included, cannot leak through
+        0 x NaN. "reactivate" (UNVERIFIED on a card): deactivate and re-activate the program, for
+        hosts that want fresh buffers anyway; slower to switch.
         """
         if self.reset_mode == "reactivate":
             del self._exec
             self._program.deactivate()
             self._activate()
             self._exec = self._rt.ExecObj(self._context, self._program)
-        else:
-            self._zero_state_pending = True
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         missing = [n for n in self.input_names if n not in feeds]
@@ -176,11 +169,8 @@ class QaicSession:
         for b in self._bindings:
             dtype = self._dtypes[b.type]
             if _is_state(b.name):
-                if self._zero_state_pending and self._is_input[b.name]:
-                    array = np.zeros(list(b.dims), dtype=dtype)
-                else:
-                    # Zero-size buffer: keep the device copy, skip the transfer (as QEfficient does).
-                    array = np.array([])
+                # Zero-size buffer: keep the device copy, skip the transfer (as QEfficient does).
+                array = np.array([])
             elif self._is_input[b.name]:
                 array = np.ascontiguousarray(feeds[b.name], dtype=dtype)
             else:
@@ -192,7 +182,6 @@ class QaicSession:
         self._check(self._exec.waitForCompletion(), "running (shape not among the specializations?)")
         status, out = self._exec.getData()
         self._check(status, "reading outputs")
-        self._zero_state_pending = False
         result: dict[str, np.ndarray] = {}
         for b in self._bindings:
             if b.name not in self.output_names:

@@ -24,8 +24,9 @@ FULL_VALIDATION_BYTES = 1 << 30  # float32 bytes of both graphs up to which the 
 # Bumped whenever the traced graphs change, so cached exports made by older code are rebuilt:
 # 2 = fp16-finite mask constant (was float32's minimum, -inf under a compiler's fp16 conversion);
 # 3 = RoPE cos/sin looked up in tables by position (was the angle computed in the graph);
-# 4 = the RoPE padding map as Where (3 used Clip, which is not on the QAIC op allow-list).
-GRAPH_REVISION = 4
+# 4 = the RoPE padding map as Where (3 used Clip, which is not on the QAIC op allow-list);
+# 5 = two-pass RMSNorm (finite in fp16 for |x| up to fp16's max) and V zeroed in cache slots no query sees.
+GRAPH_REVISION = 5
 
 
 class ExportStage:
