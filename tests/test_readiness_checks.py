@@ -22,15 +22,28 @@ def test_tiny_export_is_ready(tmp_path: Path) -> None:
     report = readiness_report(write_export_dir(tmp_path / "export"))
     assert report.ok, report.render_text()
     lines = report.render_text().splitlines()
-    assert lines[:4] == [
+    assert lines[:6] == [
         "target prefill (seq_len=8): static: yes; ops ok",
         "target verify (seq_len=4): static: yes; ops ok",
+        "target: no fp16 hazards (mask constant, RoPE angles, unscaled RMSNorm square)",
         "draft prefill (seq_len=8): static: yes; ops ok",
         "draft decode (seq_len=4): static: yes; ops ok",
+        "draft: no fp16 hazards (mask constant, RoPE angles, unscaled RMSNorm square)",
     ]
     data = json.loads(json.dumps(report.to_dict()))  # JSON-able
     assert data["ok"] is True and data["graphs"][0]["shapes"][0]["static"] is True
     assert "ScatterElements" in data["graphs"][0]["ops"]
+
+
+def test_fp16_hazard_is_named_and_fails(tmp_path: Path) -> None:
+    import numpy as np
+
+    path = tmp_path / "target.onnx"
+    onnx.save(build_target(mask_value=float(np.finfo(np.float32).min)), str(path))
+    result = check_graph(path, {"prefill": 8})
+    assert not result.ok and [h["kind"] for h in result.fp16_hazards] == ["mask-constant"]
+    text = Report([result]).render_text()
+    assert "target: fp16 hazard mask-constant x1" in text and "hint: use a finite mask value" in text
 
 
 def test_unfixed_symbolic_dim_fails(tmp_path: Path) -> None:

@@ -4,7 +4,8 @@
   readiness_report(export_dir) -> Report      (both graphs, specializations from export.json)
 
 (a) static shapes per specialization (static_shapes), (b) ops against an allowlist (ops),
-(c) fp16 emulation helpers for an fp16-vs-fp32 agreement check (fp16; run by the caller).
+(c) fp16 hazards named from graph patterns (fp16_lint), (d) fp16 emulation helpers for the
+fp16-vs-fp32 agreement checks run by the caller (fp16, fp16_agreement, fp16_bands).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ def check_graph(
     """Check one graph; `specializations` maps a name to its seq_len ({"prefill": 128, ...})."""
     import onnx
 
+    from dflash_cli.readiness.fp16_lint import fp16_hazards
     from dflash_cli.readiness.ops import graph_ops, load_allowlist, unsupported_ops
     from dflash_cli.readiness.static_shapes import check_static_shapes
 
@@ -42,6 +44,7 @@ def check_graph(
         ops=sorted(used),
         unsupported_ops=unsupported_ops(used, allowed),
         ops_source=source,
+        fp16_hazards=[h.to_dict() for h in fp16_hazards(model)],
     )
 
 

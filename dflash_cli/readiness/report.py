@@ -30,10 +30,11 @@ class GraphReadiness:
     ops: list[str]  # every op type used (functions and subgraphs included), sorted
     unsupported_ops: list[str]  # ops not in the allowlist
     ops_source: str  # which allowlist decided
+    fp16_hazards: list[dict[str, str]] = field(default_factory=list)  # readiness.fp16_lint findings
 
     @property
     def ok(self) -> bool:
-        return not self.unsupported_ops and all(s.static for s in self.shapes)
+        return not self.unsupported_ops and not self.fp16_hazards and all(s.static for s in self.shapes)
 
 
 @dataclass
@@ -75,6 +76,15 @@ class Report:
                 else:
                     static = "static: yes"
                 lines.append(f"{g.graph} {s.specialization} (seq_len={s.seq_len}): {static}; {ops}")
+            kinds: dict[str, list[dict[str, str]]] = {}
+            for h in g.fp16_hazards:
+                kinds.setdefault(h["kind"], []).append(h)
+            for kind, found in kinds.items():
+                lines.append(
+                    f"{g.graph}: fp16 hazard {kind} x{len(found)} (e.g. {found[0]['detail']}); hint: {found[0]['hint']}"
+                )
+            if not g.fp16_hazards:
+                lines.append(f"{g.graph}: no fp16 hazards (mask constant, RoPE angles, unscaled RMSNorm square)")
         lines.append(f"readiness: {'PASS' if self.ok else 'FAIL'}")
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
