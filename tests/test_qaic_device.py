@@ -2,8 +2,15 @@
 
 Skipped unless /opt/qti-aic (or $DFLASH_QAIC_ROOT) has a compiler and `qaic-util -q` shows a
 ready card. It checks exactly what the fake-runtime tests cannot: that retained state carries
-the cache between calls, that the zero-feed reset restarts a sequence, and that outputs
-decode to the right shapes and dtypes. Compared with ONNX Runtime fp32 within fp16 tolerance.
+the cache between calls, that reset() restarts a sequence without feeding the cache, and that
+outputs decode to the right shapes and dtypes. Compared with ONNX Runtime fp32 within fp16
+tolerance.
+
+The second part builds a real tiny pair through the pipeline with `compile.backend=qaic` at
+ctx_len 4096, opens target and draft together with the recipe's placement (both programs on one
+card, half the cores each), and decodes from a prompt that leaves a padded prefill chunk, across
+position 2048: DFlash must equal plain greedy decoding of the same compiled target, and the
+target must agree with ONNX Runtime fp32 teacher-forced.
 """
 
 from __future__ import annotations
@@ -72,3 +79,64 @@ def test_target_prefill_then_verify_matches_ort(built: tuple[Path, Path, int]) -
             assert step_got["logits"].dtype == np.float32
             np.testing.assert_allclose(step_got["logits"], step_ref["logits"], rtol=5e-2, atol=5e-2)
             np.testing.assert_array_equal(step_got["tokens"][:, :4], step_ref["tokens"][:, :4])
+
+
+LONG_CTX = 4096
+
+
+@pytest.fixture(scope="module")
+def card_pair(tiny_qwen3_pair, tmp_path_factory: pytest.TempPathFactory):
+    """(QAIC engine, ORT engine) for the same tiny pair at ctx_len 4096, the recipe's default placement."""
+    qid = _ready_device()
+    if qid is None:
+        pytest.skip("needs the QAIC SDK and a ready Cloud AI 100 card")
+    from tests.engines import open_engine
+
+    settings = {"export": {"ctx_len": LONG_CTX, "prefill_seq_len": 64}}
+    qaic = open_engine(
+        tiny_qwen3_pair,
+        tmp_path_factory.mktemp("card_pair"),
+        compile={"backend": "qaic", "qaic": {"num_cores": 16, "devices": [qid]}},
+        **settings,
+    )
+    ort_engine = open_engine(tiny_qwen3_pair, tmp_path_factory.mktemp("card_pair_ort"), **settings)
+    return qaic, ort_engine
+
+
+def _long_prompt(engine, length: int) -> list[int]:
+    from dflash_cli.readiness.fp16_bands import corpus_tokens
+
+    return corpus_tokens(lambda text: list(engine.tokenizer(text)["input_ids"]), length)
+
+
+def test_two_programs_share_a_card_and_decode_across_2048(card_pair) -> None:
+    qaic, _ = card_pair
+    # 2037 is not a multiple of the prefill length: the last prefill chunk is padded.
+    prompt = _long_prompt(qaic, 2037)
+    plain = qaic.generate(prompt, mode="plain", max_new_tokens=48)
+    dflash = qaic.generate(prompt, mode="dflash", max_new_tokens=48)  # the draft opens beside the target
+    assert len(plain.tokens) == 48 and 2037 + 48 > 2048
+    assert dflash.tokens == plain.tokens  # lossless on the same compiled target, across position 2048
+
+
+def test_target_agrees_with_ort_fp32_at_long_positions(card_pair) -> None:
+    from dflash_cli.readiness.fp16_bands import make_bands, teacher_forced
+
+    qaic, ort_engine = card_pair
+    bands = make_bands(LONG_CTX)
+    tokens = _long_prompt(qaic, LONG_CTX)
+
+    class _Fill:  # the card's session resets without a fill value: its buffers are never fed
+        def __init__(self, inner):
+            self.inner = inner
+
+        def reset(self, fill=0.0):
+            self.inner.reset()
+
+        def run(self, feeds):
+            return self.inner.run(feeds)
+
+    teacher_forced(ort_engine.target, _Fill(qaic.target), tokens, bands, 64, 8)
+    for band in bands:
+        assert band.nonfinite == 0, band.label
+        assert band.agreement >= 0.9, (band.label, band.agreement)
