@@ -75,6 +75,12 @@ class OrtConfig(_Section):
     # Idle intra-op threads busy-wait by default; with the target and draft sessions taking turns
     # on the same cores, spinning threads of one steal the CPU from the other.
     allow_spinning: bool = False
+    # Rewrite the graphs for ONNX Runtime's fused kernels (dflash_cli.ortcompile.fuse): RMSNorm ->
+    # SimplifiedLayerNormalization, the accelerator-only V guard dropped. Checked against the export.
+    fuse: bool = True
+    # Run the prefix-cache graphs (CPU provider): the host keeps the KV cache and a call reads only the
+    # filled slots, so its cost follows the tokens in the cache, not ctx_len. False: the static graphs.
+    prefix_cache: bool = True
 
 
 class QaicGraphConfig(_Section):

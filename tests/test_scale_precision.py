@@ -27,7 +27,7 @@ def test_weight_only_precisions_stay_lossless(precision: str, family: str, reque
     engine = open_engine(pair, tmp_path, compile={"ort": {"precision": precision, "block_size": 16}})
     facts = json.loads((engine.compile_dir / "compile.json").read_text())
     assert facts["precision"] == precision and facts["target_quantized_matmuls"] > 0
-    assert facts["checks"] == "smoke + causal invariance"
+    assert facts["checks"].startswith("smoke") and facts["checks"].endswith("causal invariance")
     assert set(facts["causal_invariance_max_diff"].values()) == {0.0}
     import onnx
 
@@ -134,7 +134,7 @@ def test_twin_validation_passes_and_catches_a_bad_weight(tiny_llama_pair: TinyPa
 def test_int4_from_an_fp16_export_stays_lossless(tiny_llama_pair: TinyPair, tmp_path: Path) -> None:
     engine = open_engine(tiny_llama_pair, tmp_path, export={"dtype": "fp16"}, compile={"ort": {"precision": "int4"}})
     facts = json.loads((engine.compile_dir / "compile.json").read_text())
-    assert facts["checks"] == "smoke + causal invariance"
+    assert facts["checks"].startswith("smoke") and facts["checks"].endswith("causal invariance")
     for prompt in _prompts(engine, n=4):
         plain = engine.generate(prompt, mode="plain", max_new_tokens=10)
         assert engine.generate(prompt, mode="dflash", max_new_tokens=10).tokens == plain.tokens

@@ -45,6 +45,21 @@ def resolve_provider(requested: str) -> str:
     return "CPUExecutionProvider"
 
 
+def _session_options(settings: OrtSettings, initializers: dict | None = None):
+    """SessionOptions from our settings; `initializers`: name -> OrtValue replacing the graph's own."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    for init_name, value in (initializers or {}).items():
+        opts.add_initializer(init_name, value)
+    opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _OPT_LEVELS[settings.graph_optimization])
+    if settings.intra_op_threads:
+        opts.intra_op_num_threads = settings.intra_op_threads
+    opts.log_severity_level = 3
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if settings.allow_spinning else "0")
+    return opts
+
+
 class OrtSession:
     def __init__(
         self, onnx_path: Path, name: str, settings: OrtSettings = OrtSettings(), initializers: dict | None = None
@@ -52,14 +67,7 @@ class OrtSession:
         """`initializers`: name -> OrtValue replacing the graph's own (shared, memory-mapped tables)."""
         import onnxruntime as ort
 
-        opts = ort.SessionOptions()
-        for init_name, value in (initializers or {}).items():
-            opts.add_initializer(init_name, value)
-        opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _OPT_LEVELS[settings.graph_optimization])
-        if settings.intra_op_threads:
-            opts.intra_op_num_threads = settings.intra_op_threads
-        opts.log_severity_level = 3
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if settings.allow_spinning else "0")
+        opts = _session_options(settings, initializers)
         self.provider = resolve_provider(settings.provider)
         self.name = name
         self._sess = ort.InferenceSession(str(onnx_path), sess_options=opts, providers=[self.provider])

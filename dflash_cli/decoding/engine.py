@@ -249,6 +249,13 @@ def _open(backend: str, compile_dir: Path, graph: str, recipe: Any, tables=None)
     path = compile_dir / info["graphs"][graph]["onnx"]
     settings = OrtSettings(o.intra_op_threads, o.graph_optimization, o.provider, o.allow_spinning)
     on_cpu = resolve_provider(settings.provider) == "CPUExecutionProvider"
+    prefix = info["graphs"].get(f"{graph}_prefix")
+    if prefix and on_cpu and o.prefix_cache:
+        from dflash_cli.backends.ort_prefix import OrtPrefixSession
+
+        path = compile_dir / prefix["onnx"]
+        shared = tables.for_graph(path) if tables is not None else None
+        return OrtPrefixSession(path, graph, info["ctx_len"], settings, shared)
     shared = tables.for_graph(path) if tables is not None and on_cpu else None
     sess = OrtSession(path, graph, settings, shared)
     return sess

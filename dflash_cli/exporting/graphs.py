@@ -45,8 +45,14 @@ def export_pair(
     draft_cfg=None,
     layer_ids: list[int] | None = None,
     rows: int | None = None,
+    prefix_graphs: bool = True,
 ) -> dict[str, Any]:
-    """Export both graphs; returns per-graph facts (io names, layers, heads, bytes written, seconds)."""
+    """Export both graphs; returns per-graph facts (io names, layers, heads, bytes written, seconds).
+
+    With `prefix_graphs`, also `target_prefix.onnx` / `draft_prefix.onnx`: the same models in the
+    prefix-cache form ONNX Runtime runs (cost in proportion to the filled cache, no cache copy), whose
+    weights are the ones target.onnx.data / draft.onnx.data already hold.
+    """
     from dflash_cli.modeling.layers import Rotary
     from dflash_cli.modeling.loading import build_draft, build_target, draft_config, draft_store_name, target_config
 
@@ -79,28 +85,45 @@ def export_pair(
         traced.use_tables(cos.to(device), sin.to(device))
         sources[prefix + "rotary.cos_table"] = _constant(cos)
         sources[prefix + "rotary.sin_table"] = _constant(sin)
-        ins, outs = module.io_names()
-        example = _example_inputs(gname, module, shape, dtype)
-        t0 = time.perf_counter()
-        report = _Throttled(progress, gname)
-        nbytes = export_streamed(
-            module, example, ins, outs, sym, out / f"{gname}.onnx", sources, written, opset=opset, progress=report
-        )
-        graphs[gname] = {
-            **graph_facts(gname, module, shape),
-            "data_bytes": nbytes,
-            "seconds": round(time.perf_counter() - t0, 2),
-        }
+        for flavour in ("", "_prefix") if prefix_graphs else ("",):
+            # "_prefix": the same module traced in its prefix-cache form for ONNX Runtime (see
+            # StaticCacheTarget.use_prefix_cache); `written` makes it point at the weights just written.
+            module.use_prefix_cache(flavour == "_prefix")
+            ins, outs = module.io_names()
+            example = _example_inputs(gname, module, shape, dtype, prefix_cache=flavour == "_prefix")
+            t0 = time.perf_counter()
+            report = _Throttled(progress, gname + flavour)
+            past = tuple(n for n in ins if n.startswith("past_")) if flavour else ()
+            nbytes = export_streamed(
+                module,
+                example,
+                ins,
+                outs,
+                sym,
+                out / f"{gname}{flavour}.onnx",
+                sources,
+                written,
+                opset=opset,
+                progress=report,
+                past_len_inputs=past,
+            )
+            graphs[gname + flavour] = {
+                **graph_facts(gname, module, shape, flavour),
+                "data_bytes": nbytes,
+                "seconds": round(time.perf_counter() - t0, 2),
+            }
+        module.use_prefix_cache(False)
         store.close()
     return graphs
 
 
-def graph_facts(gname: str, module, shape: PairShape) -> dict[str, Any]:
+def graph_facts(gname: str, module, shape: PairShape, flavour: str = "") -> dict[str, Any]:
     """What export.json records of one graph (io names, cache geometry, the seq_len of each call kind)."""
     ins, outs = module.io_names()
     spec = module.spec if gname == "target" else None
     return {
-        "onnx": f"{gname}.onnx",
+        "onnx": f"{gname}{flavour}.onnx",
+        "cache": "prefix" if flavour else "static",
         "inputs": ins,
         "outputs": outs,
         "num_layers": spec.num_layers if spec else len(module.draft.layers),
@@ -168,13 +191,18 @@ def _constant(t: torch.Tensor) -> Initializer:
     return Initializer("constant", None, lambda: iter([data]))
 
 
-def _example_inputs(gname: str, module, shape: PairShape, dtype: torch.dtype) -> tuple:
+def _example_inputs(gname: str, module, shape: PairShape, dtype: torch.dtype, prefix_cache: bool = False) -> tuple:
     B, P = shape.block, shape.prefill
     meta = torch.device("meta")
-    past = [
-        torch.empty(p.shape[:2] + (shape.ctx_len,) + p.shape[3:], dtype=dtype, device=meta)
-        for p in module.empty_cache(1)
-    ]
+    if prefix_cache:  # [1, L, kvh, d] with an example L unlike any other size, so it stays symbolic
+        past = [
+            torch.empty((1, P + 3, p.shape[1], p.shape[3]), dtype=dtype, device=meta) for p in module.empty_cache(1)
+        ]
+    else:
+        past = [
+            torch.empty(p.shape[:2] + (shape.ctx_len,) + p.shape[3:], dtype=dtype, device=meta)
+            for p in module.empty_cache(1)
+        ]
     ids = torch.zeros(1, B, dtype=torch.long, device=meta)
     if gname == "target":
         return (ids, torch.zeros(1, B, dtype=torch.long, device=meta), *past)

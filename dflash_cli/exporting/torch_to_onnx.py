@@ -34,17 +34,21 @@ def export_streamed(
     *,
     opset: int = 18,
     progress: Callable[[int, int, int], None] | None = None,
+    past_len_inputs: tuple[str, ...] = (),
 ) -> int:
     """Trace `module` (parameters on the meta device) and write `path` + `path.data`; returns data bytes.
 
-    `sources` maps a parameter/buffer name of `module` to the producer of its bytes.
+    `sources` maps a parameter/buffer name of `module` to the producer of its bytes. `past_len_inputs`
+    get a second symbolic dim, `past_len`, on axis 1 (the prefix-cache graphs' filled slots).
     """
     import onnx_ir as ir
     import onnxscript.optimizer
     import onnxscript.rewriter.onnx_fusions
 
     seq = torch.export.Dim("seq_len", min=1, max=8192)
+    past_len = torch.export.Dim("past_len", min=1, max=1 << 20)
     dynamic = {_arg(n): ({symbolic_inputs[n]: seq} if n in symbolic_inputs else None) for n in input_names}
+    dynamic |= {_arg(n): {1: past_len} for n in past_len_inputs}
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         try:
@@ -158,15 +162,18 @@ class _ExplicitArgs(torch.nn.Module):
 
 
 def _name_seq_dims(path: Path) -> None:
-    """Make every symbolic dim of graph inputs/outputs carry the name `seq_len` (dynamo names them s0...)."""
+    """Name the symbolic dims of graph inputs/outputs (dynamo names them s0...): axis 1 of a `past_*` input
+    is `past_len` (prefix-cache graphs), every other one `seq_len`."""
     import onnx
 
     model = onnx.load(str(path), load_external_data=False)
     changed = False
     for vi in [*model.graph.input, *model.graph.output]:
-        for dim in vi.type.tensor_type.shape.dim:
-            if dim.HasField("dim_param") and dim.dim_param != "seq_len":
-                dim.dim_param = "seq_len"
+        is_past = vi.name.startswith("past_") and vi in model.graph.input
+        for axis, dim in enumerate(vi.type.tensor_type.shape.dim):
+            want = "past_len" if is_past and axis == 1 else "seq_len"
+            if dim.HasField("dim_param") and dim.dim_param != want:
+                dim.dim_param = want
                 changed = True
     if changed:
         onnx.save_model(model, str(path))

@@ -145,6 +145,7 @@ def validate_export(src: Path, out: Path, shape, e, pair: dict, *, full: bool, p
             draft_cfg=dcfg,
             layer_ids=ids,
             rows=rows,
+            prefix_graphs=False,  # the compile stage checks the prefix-cache graphs against these
         )
     try:
         return _run_checks(src, where, shape, e, pair, tcfg, dcfg, ids, rows), mode

@@ -11,7 +11,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dflash_cli.modeling.layers import RMSNorm, Rotary, SwiGLU, apply_rope, grouped_attention, write_cache
+from dflash_cli.modeling.layers import (
+    RMSNorm,
+    Rotary,
+    SwiGLU,
+    append_cache,
+    apply_rope,
+    cache_outputs,
+    grouped_attention,
+    write_cache,
+)
 
 
 class DraftAttention(nn.Module):
@@ -105,22 +114,30 @@ class StaticCacheDraft(nn.Module):
     Cache slot j is visible iff j < the block's first position.
     """
 
+    prefix_cache = False  # see StaticCacheTarget.use_prefix_cache
+
     def __init__(self, draft: DFlashDraft, emit_logits: bool = False) -> None:
         super().__init__()
         self.draft = draft
         self.emit_logits = emit_logits
 
+    def use_prefix_cache(self, on: bool = True) -> None:
+        self.prefix_cache = on
+
     def forward(self, input_ids, position_ids, context_features, context_position_ids, *past):
         d = self.draft
-        ctx_len = past[0].shape[2]
         new_kv = d.context_kv(context_features, context_position_ids)
         retained, per_layer = [], []
         for i, (k, v) in enumerate(new_kv):
-            ck = write_cache(past[2 * i], context_position_ids, k)
-            cv = write_cache(past[2 * i + 1], context_position_ids, v)
-            retained += [ck, cv]
+            if self.prefix_cache:
+                (ck, keep_k), (cv, keep_v) = append_cache(past[2 * i], k), append_cache(past[2 * i + 1], v)
+                retained += [keep_k, keep_v]
+            else:
+                ck = write_cache(past[2 * i], context_position_ids, k)
+                cv = write_cache(past[2 * i + 1], context_position_ids, v)
+                retained += [ck, cv]
             per_layer.append((ck, cv))
-        slots = torch.arange(ctx_len, device=input_ids.device)
+        slots = torch.arange(ck.shape[2], device=input_ids.device)
         start = position_ids[:, :1]  # [b, 1]
         cache_visible = (slots[None, :] < start)[:, None, :].expand(-1, input_ids.shape[1], -1)
         block_visible = torch.ones_like(cache_visible[..., : input_ids.shape[1]])
@@ -138,4 +155,4 @@ class StaticCacheDraft(nn.Module):
         cache_in = [f"past_{kv}.{i}" for i in range(len(self.draft.layers)) for kv in ("key", "value")]
         head = ["draft_tokens", "draft_logits"] if self.emit_logits else ["draft_tokens"]
         inputs = ["input_ids", "position_ids", "context_features", "context_position_ids", *cache_in]
-        return inputs, [*head, *(f"{n}_RetainedState" for n in cache_in)]
+        return inputs, [*head, *cache_outputs(cache_in, self.prefix_cache)]

@@ -25,8 +25,8 @@ def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
     """
     coarse = x * (1.0 / _NORM_COARSE)
     mean_sq = coarse.pow(2).mean(-1, keepdim=True)
-    # maximum, not clamp: Clip is not on the QAIC op allow-list.
-    scale = torch.sqrt(torch.maximum(mean_sq, torch.full_like(mean_sq, _NORM_FLOOR))) * _NORM_COARSE  # ~RMS
+    # Where with a scalar, not clamp (Clip is not on the QAIC op allow-list) nor a full-size constant.
+    scale = torch.sqrt(torch.where(mean_sq > _NORM_FLOOR, mean_sq, _NORM_FLOOR)) * _NORM_COARSE  # ~RMS
     y = x / scale  # ~unit RMS; divides x itself, as x / COARSE loses small values to fp16 subnormals
     # eps / s^2 as (sqrt(eps) / s)^2: every factor stays a normal fp16 number; it underflows harmlessly when s is large.
     eps_scaled = (eps**0.5 / scale).pow(2)
@@ -129,11 +129,11 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible
     scores = torch.matmul(qg, k.transpose(-1, -2)) * (d**-0.5)  # [b, kvh, groups*s, t]
     scores = scores.reshape(b, kvh, groups, s, t)
     mask = visible[:, :, None]  # [b, 1, 1, s, t]
-    scores = torch.where(mask, scores, torch.full_like(scores, MASKED_SCORE))
+    scores = torch.where(mask, scores, MASKED_SCORE)  # a scalar: no full-size constant per call
     probs = torch.softmax(scores, dim=-1).reshape(b, kvh, groups * s, t)
     # A slot is live when some query sees it (mean, not any/max: ReduceMax is not on the QAIC allow-list).
     live = (visible.to(probs.dtype).mean(dim=2) > 0)[..., None]  # [b, 1, t, 1]
-    v = torch.where(live, v, torch.zeros_like(v))
+    v = torch.where(live, v, 0.0)
     out = torch.matmul(probs, v).reshape(b, h, s, d)
     return out.transpose(1, 2).reshape(b, s, h * d)
 
@@ -149,3 +149,21 @@ def write_cache(cache: torch.Tensor, positions: torch.Tensor, new: torch.Tensor)
     idx = torch.where(positions < 0, torch.full_like(positions, spare), positions)
     idx = idx[:, None, :, None].expand(new.shape[0], new.shape[1], new.shape[2], new.shape[3])
     return cache.scatter(2, idx, new)
+
+
+def append_cache(past: torch.Tensor, new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The prefix-cache form (ONNX Runtime): `past` [b, L, kvh, d] holds only the L filled slots,
+    slot-major so the host can hand over a prefix of its buffer without a copy; `new` [b, kvh, s, d].
+
+    Returns (K or V to attend to [b, kvh, L+s, d], what the host stores at the call's positions
+    [b, s, kvh, d]). Slot L+t is the call's row t: visible by the same `slot <= position` rule as
+    the static cache, since real rows of a call sit at positions L, L+1, ... and padding after them.
+    """
+    return torch.cat([past.transpose(1, 2), new], dim=2), new.transpose(1, 2)
+
+
+def cache_outputs(cache_in: list[str], prefix_cache: bool) -> list[str]:
+    """past_key.0 -> past_key.0_RetainedState (static cache) or present_key.0 (prefix cache)."""
+    if prefix_cache:
+        return [n.replace("past_", "present_", 1) for n in cache_in]
+    return [f"{n}_RetainedState" for n in cache_in]

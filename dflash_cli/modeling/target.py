@@ -12,7 +12,16 @@ import torch
 from torch import nn
 
 from dflash_cli.modeling.families import family_for
-from dflash_cli.modeling.layers import RMSNorm, Rotary, SwiGLU, apply_rope, grouped_attention, write_cache
+from dflash_cli.modeling.layers import (
+    RMSNorm,
+    Rotary,
+    SwiGLU,
+    append_cache,
+    apply_rope,
+    cache_outputs,
+    grouped_attention,
+    write_cache,
+)
 
 
 @dataclass(frozen=True)
@@ -58,6 +67,7 @@ class TargetAttention(nn.Module):
         self.o_proj = nn.Linear(spec.heads * d, h, bias=spec.attention_bias)
         self.q_norm = RMSNorm(d, spec.eps) if spec.qk_norm else nn.Identity()
         self.k_norm = RMSNorm(d, spec.eps) if spec.qk_norm else nn.Identity()
+        self.prefix_cache = False  # see StaticCacheTarget.use_prefix_cache
 
     def forward(self, x, cos, sin, positions, visible, past_k, past_v):
         b, s, _ = x.shape
@@ -65,6 +75,9 @@ class TargetAttention(nn.Module):
         k = self.k_norm(self.k_proj(x).view(b, s, self.kv_heads, self.head_dim)).transpose(1, 2)
         v = self.v_proj(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.prefix_cache:
+            (new_k, keep_k), (new_v, keep_v) = append_cache(past_k, k), append_cache(past_v, v)
+            return self.o_proj(grouped_attention(q, new_k, new_v, visible)), keep_k, keep_v
         new_k = write_cache(past_k, positions, k)
         new_v = write_cache(past_v, positions, v)
         out = grouped_attention(q, new_k, new_v, visible)
@@ -118,10 +131,21 @@ class StaticCacheTarget(nn.Module):
         self.lm_head = nn.Linear(self.spec.hidden, self.spec.vocab, bias=False)
         self.dflash = _Fusion(self.spec.hidden, len(self.layer_ids), self.spec.eps)
 
+    prefix_cache = False
+
+    def use_prefix_cache(self, on: bool = True) -> None:
+        """The ONNX Runtime form: `past` [b, L, kvh, d] holds only the L slots filled before the call (L is
+        symbolic), and the graph returns the call's own K/V as `present_*` [b, s, kvh, d] instead of a whole
+        new cache; the host stores them. A call then costs in proportion to the filled length, not ctx_len,
+        and nothing copies the cache. The static form stays what accelerators get."""
+        self.prefix_cache = on
+        for layer in self.model.layers:
+            layer.self_attn.prefix_cache = on
+
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, *past: torch.Tensor):
-        ctx_len = past[0].shape[2]
+        slots_seen = past[0].shape[1] + input_ids.shape[1] if self.prefix_cache else past[0].shape[2]
         cos, sin = self.rotary(position_ids)
-        slots = torch.arange(ctx_len, device=input_ids.device)
+        slots = torch.arange(slots_seen, device=input_ids.device)
         visible = (slots[None, None, :] <= position_ids[:, :, None])[:, None]  # [b, 1, s, C]
         x = self.model.embed_tokens(input_ids)
         taps, retained = {}, []
@@ -148,4 +172,4 @@ class StaticCacheTarget(nn.Module):
     def io_names(self) -> tuple[list[str], list[str]]:
         cache_in = [f"past_{kv}.{i}" for i in range(self.spec.num_layers) for kv in ("key", "value")]
         head = ["tokens", "logits", "context_features"] if self.emit_logits else ["tokens", "context_features"]
-        return ["input_ids", "position_ids", *cache_in], [*head, *(f"{n}_RetainedState" for n in cache_in)]
+        return ["input_ids", "position_ids", *cache_in], [*head, *cache_outputs(cache_in, self.prefix_cache)]

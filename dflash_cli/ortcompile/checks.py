@@ -86,3 +86,75 @@ def graph_weight_bytes(onnx_path: Path) -> int:
         else:
             total += len(t.raw_data)
     return total
+
+
+FUSED_RTOL = {"fp32": 1e-4, "fp16": 2e-2}  # relative to the largest magnitude, by export.dtype: fused kernels
+# reorder arithmetic and round at other points, which in fp16 moves features by ~1e-3
+
+
+def _fused_check_calls(session, gname: str, info: dict, vocab_size: int, seed: int = 0) -> list[dict]:
+    """Target: a prefill chunk ending in padding rows, then a verify block; draft: one call."""
+    B, P = info["block_size"], info["prefill_seq_len"]
+    rng = np.random.default_rng(seed)
+    real = max(1, P - max(1, P // 8))
+    prefill_pos = np.full((1, P), -1, np.int64)
+    prefill_pos[0, :real] = np.arange(real)
+    block_pos = np.arange(real, real + B)[None]
+    if gname == "target":
+        return [
+            {"input_ids": rng.integers(0, vocab_size, size=(1, P), dtype=np.int64), "position_ids": prefill_pos},
+            {"input_ids": rng.integers(0, vocab_size, size=(1, B), dtype=np.int64), "position_ids": block_pos},
+        ]
+    inp = session._sess.get_inputs()[2]
+    dtype = np.float16 if inp.type == "tensor(float16)" else np.float32
+    return [
+        {
+            "input_ids": rng.integers(0, vocab_size, size=(1, B), dtype=np.int64),
+            "position_ids": block_pos,
+            "context_features": rng.standard_normal((1, P, inp.shape[-1])).astype(dtype),
+            "context_position_ids": prefill_pos,
+        }
+    ]
+
+
+def fused_reference(unfused, gname: str, info: dict, vocab_size: int) -> list[tuple[dict, dict]]:
+    """(feeds, outputs) of the unfused graph on the check's calls; the session can be freed afterwards,
+    so the build never holds both graphs at once."""
+    unfused.reset()
+    out = [(feeds, unfused.run(feeds)) for feeds in _fused_check_calls(unfused, gname, info, vocab_size)]
+    unfused.reset()
+    return out
+
+
+def fused_matches(fused, reference: list[tuple[dict, dict]], label: str, dtype: str = "fp32") -> dict[str, float]:
+    """A rewritten graph (ortcompile.fuse, or a prefix-cache twin) on the calls `fused_reference` recorded
+    from the exported graph, on real (not padding) rows: float outputs within FUSED_RTOL[dtype]; token
+    outputs equal in fp32 (in fp16 a near tie may flip with the rounding, so only the features judge).
+    Raises DFlashError naming the output; returns the largest relative difference per output.
+    """
+    rtol = FUSED_RTOL.get(dtype, FUSED_RTOL["fp16"])
+    worst: dict[str, float] = {}
+    fused.reset()
+    for feeds, ref in reference:
+        got = fused.run(feeds)
+        real = feeds["position_ids"][0] >= 0  # padding rows' outputs are never read (and may differ)
+        for name, want in ref.items():
+            have = got[name]
+            if want.ndim >= 2 and want.shape[1] == real.size:
+                have, want = have[:, real], want[:, real]
+            if np.issubdtype(want.dtype, np.integer):
+                diff = float(np.mean(have != want))
+                bad = diff > 0 and dtype == "fp32"
+            else:
+                scale = max(1.0, float(np.abs(want).max()))
+                diff = float(np.max(np.abs(have.astype(np.float64) - want.astype(np.float64)))) / scale
+                bad = not diff <= rtol
+            worst[name] = max(worst.get(name, 0.0), diff)
+            if bad:
+                raise DFlashError(
+                    f"the {label} graph differs from the exported one: {name} moved by {diff:.3g}",
+                    hint="a dflash bug in the ONNX Runtime graphs; build with `--set compile.ort.fuse=false` "
+                    "(fused) or run with `--set compile.ort.prefix_cache=false` (prefix cache) meanwhile",
+                )
+    fused.reset()
+    return worst

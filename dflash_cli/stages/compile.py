@@ -1,8 +1,10 @@
 """compile stage: exported graphs -> runnable programs for the recipe's backend.
 
-ONNX Runtime (default): the exported graphs as they are (fp32/fp16, hard-linked, no copy) or with
-MatMul weights quantised weight-only to int8/int4 (MatMulNBits, dflash_cli.ortcompile); then a smoke
-call and a causal-invariance check of the target, when the graphs fit the build's memory budget.
+ONNX Runtime (default): the exported graphs' weights as they are (fp32/fp16, hard-linked, no copy)
+or with MatMul weights quantised weight-only to int8/int4 (MatMulNBits, dflash_cli.ortcompile); the
+graphs rewritten for ONNX Runtime's fused kernels (ortcompile.fuse, `compile.ort.fuse`); then a
+smoke call, the fused graphs against the unfused ones, and a causal-invariance check of the target,
+when the graphs fit the build's memory budget.
 QAIC: the Cloud AI 100 compiler (dflash_cli.qaic).
 """
 
@@ -20,7 +22,7 @@ CHECK_FLOOR_BYTES = 1 << 30  # graphs this small are always loaded and checked a
 
 class CompileStage:
     name = "compile"
-    version = 2
+    version = 3
     upstream = ("export",)
     tools: tuple[str, ...] = ("onnx", "onnxruntime")  # the QAIC SDK version is in key_fields
 
@@ -31,7 +33,7 @@ class CompileStage:
             from dflash_cli.qaic.sdk import find_sdk
 
             return {"backend": "qaic", **qaic_key_fields(_qaic_options(recipe), find_sdk())}
-        fields = {"backend": "ort", "precision": c.ort.precision}
+        fields = {"backend": "ort", "precision": c.ort.precision, "fuse": c.ort.fuse}
         if c.ort.precision != "fp32":
             fields["block_size"] = c.ort.block_size
         return fields
@@ -55,7 +57,15 @@ def _qaic_options(recipe: Any):
 
 def _compile_ort(ctx: StageContext) -> dict[str, Any]:
     from dflash_cli.backends.ort import OrtSession, OrtSettings
-    from dflash_cli.ortcompile.checks import causal_invariance, graph_weight_bytes, smoke
+    from dflash_cli.backends.ort_prefix import OrtPrefixSession
+    from dflash_cli.ortcompile.checks import (
+        causal_invariance,
+        fused_matches,
+        fused_reference,
+        graph_weight_bytes,
+        smoke,
+    )
+    from dflash_cli.ortcompile.fuse import fuse_graph
     from dflash_cli.ortcompile.quantize import quantize_graph
     from dflash_cli.weights import link_or_copy
 
@@ -89,29 +99,63 @@ def _compile_ort(ctx: StageContext) -> dict[str, Any]:
                     f"{gname}.onnx has no MatMul with a constant weight to quantise",
                     hint="rebuild the export stage: `dflash build --rebuild export`",
                 )
+    unfused: dict[str, Any] = {}  # graph -> the unfused .onnx (beside its data) to check the fused one against
+    if ort_cfg.fuse:
+        for gname, g in info["graphs"].items():
+            path = out / g["onnx"]
+            fused = path.with_name(path.stem + ".fused.onnx")
+            result = fuse_graph(path, fused)
+            facts[f"{gname}_fused"] = {"rmsnorm": result.norms, "v_guard": result.v_guards, "skipped": result.skipped}
+            ctx.progress(f"{gname}: {result.norms} RMSNorms fused, {result.v_guards} V guards dropped")
+            keep = path.with_name(path.stem + ".unfused.onnx")
+            path.rename(keep)  # a hard link to the export for fp32: renaming never touches the export's file
+            fused.rename(path)
+            unfused[gname] = keep
     weights = {g: graph_weight_bytes(out / v["onnx"]) for g, v in info["graphs"].items()}
     facts["session_weight_bytes"] = weights
     budget = max(CHECK_FLOOR_BYTES, int(info.get("target_checkpoint_bytes", 0)))
-    if sum(weights.values()) <= budget:
+    static = [g for g in info["graphs"] if not g.endswith("_prefix")]  # a prefix twin reads the same weights
+    if sum(weights[g] for g in static) <= budget:
         settings = OrtSettings(intra_op_threads=ort_cfg.intra_op_threads, graph_optimization=ort_cfg.graph_optimization)
         pair = json.loads((src / "pair.json").read_text())
-        for gname, g in info["graphs"].items():
+        done = ["smoke"]
+        for gname in static:
+            g = info["graphs"][gname]
+            # The exported graph's outputs on the check's calls; then one graph in memory at a time.
+            ctx.progress(f"running the exported {gname} for the compiled graphs' checks")
+            reference_sess = OrtSession(unfused.get(gname, out / g["onnx"]), gname, settings)
+            reference = fused_reference(reference_sess, gname, info, pair["vocab_size"])
+            del reference_sess
             checks = "smoke call, causal-invariance check" if gname == "target" else "smoke call"
             ctx.progress(f"loading {gname} in ONNX Runtime ({checks})")
             sess = OrtSession(out / g["onnx"], gname, settings)
             smoke(sess, gname, info)
+            if gname in unfused:
+                facts[f"{gname}_fused_max_diff"] = fused_matches(sess, reference, f"fused {gname}", info["dtype"])
             if gname == "target":
                 facts["causal_invariance_max_diff"] = causal_invariance(sess, info, pair["vocab_size"])
             del sess
-        facts["checks"] = "smoke + causal invariance"
+            twin = info["graphs"].get(f"{gname}_prefix")
+            if twin:
+                ctx.progress(f"checking the prefix-cache {gname} against the exported graph")
+                sess = OrtPrefixSession(out / twin["onnx"], gname, info["ctx_len"], settings)
+                label = f"prefix-cache {gname}"
+                facts[f"{gname}_prefix_max_diff"] = fused_matches(sess, reference, label, info["dtype"])
+                del sess
+        done += ["fused vs unfused"] if unfused else []
+        done += ["prefix cache vs static"] if any(g.endswith("_prefix") for g in info["graphs"]) else []
+        facts["checks"] = " + ".join([*done, "causal invariance"])
     else:
         # Loading the graphs here would hold more than the build's memory bound (1.5x the checkpoint);
         # `dflash run` is their first load. int8/int4 builds of the same pair fit and are checked.
         facts["checks"] = (
-            f"skipped: the graphs hold {sum(weights.values()) / 1e9:.1f} GB, above this build's memory budget "
+            f"skipped: the graphs hold {sum(weights[g] for g in static) / 1e9:.1f} GB, above this build's memory "
+            "budget "
             f"({budget / 1e9:.1f} GB)"
         )
         ctx.progress(f"checks {facts['checks']}")
+    for keep in unfused.values():
+        keep.unlink()
     shutil.copy2(src / "export.json", out / "export.json")
     shutil.copy2(src / "pair.json", out / "pair.json")
     (out / "compile.json").write_text(json.dumps(facts, indent=2) + "\n")

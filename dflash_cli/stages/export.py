@@ -25,8 +25,10 @@ FULL_VALIDATION_BYTES = 1 << 30  # float32 bytes of both graphs up to which the 
 # 2 = fp16-finite mask constant (was float32's minimum, -inf under a compiler's fp16 conversion);
 # 3 = RoPE cos/sin looked up in tables by position (was the angle computed in the graph);
 # 4 = the RoPE padding map as Where (3 used Clip, which is not on the QAIC op allow-list);
-# 5 = two-pass RMSNorm (finite in fp16 for |x| up to fp16's max) and V zeroed in cache slots no query sees.
-GRAPH_REVISION = 5
+# 5 = two-pass RMSNorm (finite in fp16 for |x| up to fp16's max) and V zeroed in cache slots no query sees;
+# 6 = scalar fill values in Where (5 expanded full-size constants for the mask, V and the norm floor);
+# 7 = also the prefix-cache twins target_prefix.onnx / draft_prefix.onnx that ONNX Runtime runs.
+GRAPH_REVISION = 7
 
 
 class ExportStage:

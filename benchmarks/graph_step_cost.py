@@ -1,0 +1,111 @@
+"""Per-call cost of compiled graphs, side by side: T(1), T(block) and the draft call, interleaved.
+
+    python benchmarks/graph_step_cost.py LABEL=COMPILE_DIR[#prefix] [...] [--calls 200] [--start 100] [--out F.json]
+
+Each COMPILE_DIR is a compile artifact (target.onnx, draft.onnx, export.json), from any revision of
+this code, so graphs built by older checkouts can be timed against today's in one process. Every
+round times one call of each kind on every variant in turn (so machine noise hits all alike), at
+cache positions 100.. as in a short generation; medians and ratios to the first variant are reported.
+Decode-relevant only: prefill is one call per prompt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+START = 100  # cache position of the first timed call
+
+
+def open_variant(spec: str):
+    """COMPILE_DIR, or COMPILE_DIR#prefix for its prefix-cache graphs (graph revision 7 on)."""
+    from dflash_cli.backends.ort import OrtSession
+    from dflash_cli.backends.ort_prefix import OrtPrefixSession
+
+    where, _, flavour = spec.partition("#")
+    path = Path(where)
+    info = json.loads((path / "export.json").read_text())
+    if flavour == "prefix":
+        g = info["graphs"]
+        target = OrtPrefixSession(path / g["target_prefix"]["onnx"], "target", info["ctx_len"])
+        draft = OrtPrefixSession(path / g["draft_prefix"]["onnx"], "draft", info["ctx_len"])
+    else:
+        target = OrtSession(path / info["graphs"]["target"]["onnx"], "target")
+        draft = OrtSession(path / info["graphs"]["draft"]["onnx"], "draft")
+    hidden = draft._sess.get_inputs()[2].shape[-1]
+    return info, target, draft, hidden
+
+
+def timed(session, feeds: dict) -> float:
+    t = time.perf_counter()
+    session.run(feeds)
+    return time.perf_counter() - t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("variants", nargs="+", help="LABEL=COMPILE_DIR")
+    ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--start", type=int, default=START, help="cache position of the first timed call")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    variants = {}
+    for v in args.variants:
+        label, _, path = v.rpartition("=")
+        variants[label] = open_variant(path)
+    block = {info["block_size"] for info, *_ in variants.values()}
+    assert len(block) == 1, "variants must share the block size"
+    B = block.pop()
+    rng = np.random.default_rng(0)
+    times: dict[str, dict[str, list[float]]] = {label: {"T(1)": [], f"T({B})": [], "draft": []} for label in variants}
+    for info, target, draft, _ in variants.values():  # fill the cache up to START, untimed
+        target.reset()
+        draft.reset()
+        P = info["prefill_seq_len"]
+        for s in range(0, args.start, P):
+            n = min(P, args.start - s)
+            pos = np.full((1, P), -1, np.int64)
+            pos[0, :n] = np.arange(s, s + n)
+            target.run({"input_ids": np.ones((1, P), np.int64), "position_ids": pos})
+    for i in range(args.calls):
+        p = args.start + (i % 64)  # stay within the first positions; rewriting slots is what decoding does
+        one = {"input_ids": rng.integers(1, 100, (1, 1)), "position_ids": np.array([[p]])}
+        blk = {"input_ids": rng.integers(1, 100, (1, B)), "position_ids": np.arange(p, p + B)[None]}
+        for label, (_, target, draft, hidden) in variants.items():
+            ctx = {
+                "input_ids": rng.integers(1, 100, (1, B)),
+                "position_ids": np.arange(p, p + B)[None],
+                "context_features": rng.standard_normal((1, B, hidden)).astype(np.float32),
+                "context_position_ids": np.arange(p - B, p)[None],
+            }
+            times[label]["T(1)"].append(timed(target, one))
+            times[label][f"T({B})"].append(timed(target, blk))
+            times[label]["draft"].append(timed(draft, ctx))
+    first = next(iter(variants))
+    doc = {"calls": args.calls, "start": args.start, "block_size": B, "variants": {}}
+    print(f"{'variant':40s} {'T(1) ms':>9s} {f'T({B}) ms':>9s} {'draft ms':>9s}  T({B})/T(1) draft/T(1)  vs {first}")
+    for label, t in times.items():
+        med = {k: statistics.median(v) * 1e3 for k, v in t.items()}
+        ratio = {k: med[k] / (statistics.median(times[first][k]) * 1e3) for k in med}
+        doc["variants"][label] = {"median_ms": med, "ratio_to_first": ratio}
+        print(
+            f"{label:40s} {med['T(1)']:9.3f} {med[f'T({B})']:9.3f} {med['draft']:9.3f}  "
+            f"{med[f'T({B})'] / med['T(1)']:10.2f} {med['draft'] / med['T(1)']:10.2f}  "
+            + " ".join(f"{k} {r:.2f}x" for k, r in ratio.items())
+        )
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(doc, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""ONNX Runtime session over a prefix-cache graph: the host owns the KV cache and hands over only what is filled.
+
+The prefix-cache graphs (`*_prefix.onnx`, StaticCacheTarget.use_prefix_cache) take `past_*` as
+[1, L, kv_heads, head_dim] with L the slots filled before the call, and return the call's own K/V as
+`present_*` [1, s, kv_heads, head_dim]. This session keeps one slot-major buffer per cache input,
+[1, ctx_len, kv_heads, head_dim]: a call binds the prefix buffer[:, :L] in place (contiguous, so no
+copy), and afterwards writes each real row's present K/V at its position (padding rows, position -1,
+are dropped). So a call reads the L filled slots, not ctx_len, and nothing copies the cache; the
+static graph's ScatterElements copied every layer's whole cache on every call.
+
+L is the call's first position (`position_ids[0, 0]` for the target, `context_position_ids[0, 0]`
+for the draft): calls are contiguous from position 0, a rejected block is overwritten by the next
+call starting at the first uncommitted position, and slots at or beyond L are never read.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from dflash_cli.backends.base import is_cache_input
+from dflash_cli.backends.ort import OrtSettings, _session_options, resolve_provider
+from dflash_cli.errors import BackendError
+
+PRESENT_PREFIX = "present_"
+
+
+def is_prefix_graph(onnx_path: Path) -> bool:
+    import onnx
+
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    return any(o.name.startswith(PRESENT_PREFIX) for o in model.graph.output)
+
+
+class OrtPrefixSession:
+    def __init__(
+        self,
+        onnx_path: Path,
+        name: str,
+        ctx_len: int,
+        settings: OrtSettings | None = None,
+        initializers: dict | None = None,
+    ) -> None:
+        import onnxruntime as ort
+
+        settings = settings or OrtSettings()
+
+        self.provider = resolve_provider(settings.provider)
+        if self.provider != "CPUExecutionProvider":
+            raise BackendError(
+                f"the prefix-cache {name} graph runs on the CPU provider only (the host writes the cache)",
+                hint="open the static graph for other providers",
+            )
+        self.name, self.ctx_len = name, ctx_len
+        opts = _session_options(settings, initializers)
+        self._sess = ort.InferenceSession(str(onnx_path), sess_options=opts, providers=[self.provider])
+        inputs = self._sess.get_inputs()
+        self.cache_names = [i.name for i in inputs if is_cache_input(i.name)]
+        self.input_names = [i.name for i in inputs if not is_cache_input(i.name)]
+        outputs = [o.name for o in self._sess.get_outputs()]
+        self.output_names = [o for o in outputs if not o.startswith(PRESENT_PREFIX)]
+        self._present = {n: PRESENT_PREFIX + n.removeprefix("past_") for n in self.cache_names}
+        missing = [p for p in self._present.values() if p not in outputs]
+        if missing:
+            raise BackendError(f"{name}: not a prefix-cache graph (no outputs {missing[:2]})")
+        dtype = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+        self._buffers = {
+            i.name: np.zeros((1, ctx_len, i.shape[2], i.shape[3]), dtype[i.type])
+            for i in inputs
+            if is_cache_input(i.name)
+        }
+        self._positions_input = "context_position_ids" if "context_position_ids" in self.input_names else "position_ids"
+        self._binding = self._sess.io_binding()
+
+    def reset(self, fill: float = 0.0) -> None:
+        """Nothing to clear (slots at or beyond a call's first position are never read); `fill` is honoured
+        for callers that want the buffers in a known state."""
+        for buf in self._buffers.values():
+            buf.fill(fill)
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        positions = np.asarray(feeds[self._positions_input])
+        start = int(positions[0, 0])
+        if start < 0 or start + positions.shape[1] > self.ctx_len:
+            raise BackendError(
+                f"{self.name}: a call at positions {start}..{start + positions.shape[1] - 1} does not fit "
+                f"the cache ({self.ctx_len} slots)"
+            )
+        b = self._binding
+        b.clear_binding_inputs()
+        b.clear_binding_outputs()
+        for n, arr in feeds.items():
+            b.bind_cpu_input(n, np.ascontiguousarray(arr))
+        for n, buf in self._buffers.items():
+            view = buf[:, :start]  # contiguous: the buffer is slot-major with batch 1
+            b.bind_input(n, "cpu", 0, buf.dtype.type, list(view.shape), view.ctypes.data)
+        outs = list(self.output_names) + list(self._present.values())
+        for n in outs:
+            b.bind_output(n, "cpu")
+        self._sess.run_with_iobinding(b)
+        values = dict(zip(outs, (v.numpy() for v in b.get_outputs())))
+        real = positions[0] >= 0
+        slots = positions[0][real]
+        for n, buf in self._buffers.items():
+            buf[0, slots] = values[self._present[n]][0, real]
+        return {n: values[n] for n in self.output_names}
