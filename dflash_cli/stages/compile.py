@@ -36,6 +36,7 @@ class CompileStage:
         fields = {"backend": "ort", "precision": c.ort.precision, "fuse": c.ort.fuse}
         if c.ort.precision != "fp32":
             fields["block_size"] = c.ort.block_size
+            fields["accuracy_level"] = c.ort.accuracy_level
         return fields
 
     def run(self, ctx: StageContext) -> dict[str, Any]:
@@ -82,6 +83,7 @@ def _compile_ort(ctx: StageContext) -> dict[str, Any]:
     if precision != "fp32":
         bits = 8 if precision == "int8" else 4
         facts["block_size"] = ort_cfg.block_size
+        facts["accuracy_level"] = ort_cfg.accuracy_level
         done: dict = {}  # quantised once, referenced by both graphs (the draft's lm_head is the target's)
         for gname, g in info["graphs"].items():
             ctx.progress(f"quantising {gname} MatMul weights to int{bits} (weight-only, block {ort_cfg.block_size})")
@@ -90,6 +92,7 @@ def _compile_ort(ctx: StageContext) -> dict[str, Any]:
                 out / g["onnx"],
                 bits=bits,
                 block_size=ort_cfg.block_size,
+                accuracy_level=ort_cfg.accuracy_level,
                 progress=ctx.progress,
                 done=done,
             )
