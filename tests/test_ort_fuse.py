@@ -34,7 +34,7 @@ def test_compiled_graphs_are_fused_and_checked(qwen3_engine) -> None:
 
 def test_fused_graph_that_computes_differently_is_refused(qwen3_engine, tmp_path: Path) -> None:
     from dflash_cli.backends.ort import OrtSession
-    from dflash_cli.ortcompile.checks import fused_matches, fused_reference
+    from dflash_cli.ortcompile.checks import matches_reference, reference_outputs
 
     export = qwen3_engine.export_dir
     for f in export.iterdir():
@@ -47,11 +47,11 @@ def test_fused_graph_that_computes_differently_is_refused(qwen3_engine, tmp_path
     onnx.save(model, str(tmp_path / "broken.onnx"))
     info = json.loads((export / "export.json").read_text())
     vocab = json.loads((export / "pair.json").read_text())["vocab_size"]
-    reference = fused_reference(OrtSession(tmp_path / "target.onnx", "target"), "target", info, vocab)
-    good = fused_matches(OrtSession(tmp_path / "fused.onnx", "target"), reference, "fused target")
+    reference = reference_outputs(OrtSession(tmp_path / "target.onnx", "target"), "target", info, vocab)
+    good = matches_reference(OrtSession(tmp_path / "fused.onnx", "target"), reference, "fused target")
     assert good["context_features"] < 1e-4
     with pytest.raises(DFlashError, match="fused target graph differs"):
-        fused_matches(OrtSession(tmp_path / "broken.onnx", "target"), reference, "fused target")
+        matches_reference(OrtSession(tmp_path / "broken.onnx", "target"), reference, "fused target")
 
 
 def test_fuse_off_keeps_the_exported_graphs(tiny_qwen3_pair, tmp_path: Path) -> None:

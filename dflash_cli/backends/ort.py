@@ -45,7 +45,7 @@ def resolve_provider(requested: str) -> str:
     return "CPUExecutionProvider"
 
 
-def _session_options(settings: OrtSettings, initializers: dict | None = None):
+def session_options(settings: OrtSettings, initializers: dict | None = None):
     """SessionOptions from our settings; `initializers`: name -> OrtValue replacing the graph's own."""
     import onnxruntime as ort
 
@@ -67,7 +67,7 @@ class OrtSession:
         """`initializers`: name -> OrtValue replacing the graph's own (shared, memory-mapped tables)."""
         import onnxruntime as ort
 
-        opts = _session_options(settings, initializers)
+        opts = session_options(settings, initializers)
         self.provider = resolve_provider(settings.provider)
         self.name = name
         self._sess = ort.InferenceSession(str(onnx_path), sess_options=opts, providers=[self.provider])

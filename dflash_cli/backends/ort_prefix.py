@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from dflash_cli.backends.base import is_cache_input
-from dflash_cli.backends.ort import OrtSettings, _session_options, resolve_provider
+from dflash_cli.backends.ort import OrtSettings, resolve_provider, session_options
 from dflash_cli.errors import BackendError
 
 PRESENT_PREFIX = "present_"
@@ -53,7 +53,7 @@ class OrtPrefixSession:
                 hint="open the static graph for other providers",
             )
         self.name, self.ctx_len = name, ctx_len
-        opts = _session_options(settings, initializers)
+        opts = session_options(settings, initializers)
         self._sess = ort.InferenceSession(str(onnx_path), sess_options=opts, providers=[self.provider])
         inputs = self._sess.get_inputs()
         self.cache_names = [i.name for i in inputs if is_cache_input(i.name)]

@@ -88,7 +88,7 @@ def graph_weight_bytes(onnx_path: Path) -> int:
     return total
 
 
-FUSED_RTOL = {"fp32": 1e-4, "fp16": 2e-2}  # relative to the largest magnitude, by export.dtype: fused kernels
+REWRITE_RTOL = {"fp32": 1e-4, "fp16": 2e-2}  # relative to the largest magnitude, by export.dtype: fused kernels
 # reorder arithmetic and round at other points, which in fp16 moves features by ~1e-3
 
 
@@ -117,7 +117,7 @@ def _fused_check_calls(session, gname: str, info: dict, vocab_size: int, seed: i
     ]
 
 
-def fused_reference(unfused, gname: str, info: dict, vocab_size: int) -> list[tuple[dict, dict]]:
+def reference_outputs(unfused, gname: str, info: dict, vocab_size: int) -> list[tuple[dict, dict]]:
     """(feeds, outputs) of the unfused graph on the check's calls; the session can be freed afterwards,
     so the build never holds both graphs at once."""
     unfused.reset()
@@ -126,13 +126,13 @@ def fused_reference(unfused, gname: str, info: dict, vocab_size: int) -> list[tu
     return out
 
 
-def fused_matches(fused, reference: list[tuple[dict, dict]], label: str, dtype: str = "fp32") -> dict[str, float]:
-    """A rewritten graph (ortcompile.fuse, or a prefix-cache twin) on the calls `fused_reference` recorded
-    from the exported graph, on real (not padding) rows: float outputs within FUSED_RTOL[dtype]; token
+def matches_reference(fused, reference: list[tuple[dict, dict]], label: str, dtype: str = "fp32") -> dict[str, float]:
+    """A rewritten graph (ortcompile.fuse, or a prefix-cache twin) on the calls `reference_outputs` recorded
+    from the exported graph, on real (not padding) rows: float outputs within REWRITE_RTOL[dtype]; token
     outputs equal in fp32 (in fp16 a near tie may flip with the rounding, so only the features judge).
     Raises DFlashError naming the output; returns the largest relative difference per output.
     """
-    rtol = FUSED_RTOL.get(dtype, FUSED_RTOL["fp16"])
+    rtol = REWRITE_RTOL.get(dtype, REWRITE_RTOL["fp16"])
     worst: dict[str, float] = {}
     fused.reset()
     for feeds, ref in reference:

@@ -10,7 +10,7 @@ demo's plain decode ran ~25% slower with them). The compile stage rewrites its c
             patterns) -> one SimplifiedLayerNormalization, ONNX Runtime's fused kernel
   v-guard   Where(live, V, 0) feeding the attention's probs @ V -> V
 
-The result is checked against the unfused graph on the same calls (checks.fused_matches) before
+The result is checked against the unfused graph on the same calls (checks.matches_reference) before
 the build publishes it. Weights are untouched: the rewritten graph points into the same data file.
 """
 

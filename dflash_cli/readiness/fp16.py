@@ -147,3 +147,28 @@ def detect_nonfinite(outputs: Mapping[str, np.ndarray]) -> dict[str, int]:
             if count:
                 found[name] = count
     return found
+
+
+class NonfiniteWatch:
+    """Session wrapper counting NaN/inf in every output of every call into `counts` (keys: `prefix` + output).
+
+    With `reset_fill`, reset() fills the cache with that value instead of zeros: what a card's retained
+    buffers may hold at the start of a sequence (fp16_bands uses NaN)."""
+
+    def __init__(self, inner, counts: dict[str, int], prefix: str = "", reset_fill: float | None = None) -> None:
+        self.inner, self.counts, self.prefix, self.reset_fill = inner, counts, prefix, reset_fill
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def reset(self) -> None:
+        if self.reset_fill is None:
+            self.inner.reset()
+        else:
+            self.inner.reset(fill=self.reset_fill)
+
+    def run(self, feeds):
+        out = self.inner.run(feeds)
+        for k, n in detect_nonfinite(out).items():
+            self.counts[self.prefix + k] = self.counts.get(self.prefix + k, 0) + n
+        return out

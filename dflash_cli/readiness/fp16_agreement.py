@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dflash_cli.readiness.fp16 import detect_nonfinite, to_fp16
+from dflash_cli.readiness.fp16 import NonfiniteWatch, to_fp16
 
 
 @dataclass
@@ -36,22 +36,6 @@ class Fp16Agreement:
         }
 
 
-class _Watch:
-    """Session wrapper that counts NaN/inf in every output of every call."""
-
-    def __init__(self, inner, counts: dict[str, int]) -> None:
-        self.inner, self.counts = inner, counts
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def run(self, feeds):
-        out = self.inner.run(feeds)
-        for k, n in detect_nonfinite(out).items():
-            self.counts[f"{self.inner.name}:{k}"] = self.counts.get(f"{self.inner.name}:{k}", 0) + n
-        return out
-
-
 def fp16_agreement(
     engine: Any,
     export_dir: Path,
@@ -76,7 +60,7 @@ def fp16_agreement(
         sessions = {}
         for g in ("target", "draft"):
             path = to_fp16(Path(export_dir) / info["graphs"][g]["onnx"], Path(tmp) / f"{g}.onnx")
-            sessions[g] = _Watch(OrtSession(path, g), result.nonfinite)
+            sessions[g] = NonfiniteWatch(OrtSession(path, g), result.nonfinite, prefix=f"{g}:")
         for i, ids in enumerate(prompts):
             engine.target, engine.draft = fp32
             ref = engine.generate(ids, mode="dflash", max_new_tokens=max_new_tokens).tokens

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from dflash_cli.readiness.fp16 import detect_nonfinite, to_fp16
+from dflash_cli.readiness.fp16 import NonfiniteWatch, detect_nonfinite, to_fp16
 
 BAND_EDGES = (0, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 MIN_AGREEMENT = 0.95  # teacher-forced argmax agreement a band needs (near-ties flip in fp16)
@@ -171,25 +171,6 @@ def placements(ctx_len: int, max_new_tokens: int, bands: list[Band]) -> list[int
     return sorted({s + 3 for s in starts})
 
 
-class _StaleCache:
-    """Session wrapper: resets to a NaN cache (with `stale`), counts NaN/inf in outputs."""
-
-    def __init__(self, inner: Any, counts: dict[str, int], stale: bool = True) -> None:
-        self.inner, self.counts, self.stale = inner, counts, stale
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    def reset(self) -> None:
-        self.inner.reset(fill=STALE_FILL if self.stale else 0.0)
-
-    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        out = self.inner.run(feeds)
-        for k, n in detect_nonfinite(out).items():
-            self.counts[k] = self.counts.get(k, 0) + n
-        return out
-
-
 def fp16_bands(
     engine: Any,
     export_dir: Path,
@@ -239,7 +220,10 @@ def fp16_bands(
                 engine.target, engine.draft = s32["target"], s32["draft"]
                 ref = engine.generate(ids, mode="dflash", max_new_tokens=max_new_tokens).tokens
                 counts: dict[str, int] = {}
-                engine.target, engine.draft = (_StaleCache(s16[g], counts, stale) for g in ("target", "draft"))
+                fill = STALE_FILL if stale else 0.0
+                engine.target, engine.draft = (
+                    NonfiniteWatch(s16[g], counts, reset_fill=fill) for g in ("target", "draft")
+                )
                 got = engine.generate(ids, mode="dflash", max_new_tokens=max_new_tokens).tokens
                 same = got == ref
                 first = None if same else next((j for j, (a, b) in enumerate(zip(got, ref)) if a != b), len(ref))

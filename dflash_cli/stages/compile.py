@@ -61,9 +61,9 @@ def _compile_ort(ctx: StageContext) -> dict[str, Any]:
     from dflash_cli.backends.ort_prefix import OrtPrefixSession
     from dflash_cli.ortcompile.checks import (
         causal_invariance,
-        fused_matches,
-        fused_reference,
         graph_weight_bytes,
+        matches_reference,
+        reference_outputs,
         smoke,
     )
     from dflash_cli.ortcompile.fuse import fuse_graph
@@ -127,14 +127,14 @@ def _compile_ort(ctx: StageContext) -> dict[str, Any]:
             # The exported graph's outputs on the check's calls; then one graph in memory at a time.
             ctx.progress(f"running the exported {gname} for the compiled graphs' checks")
             reference_sess = OrtSession(unfused.get(gname, out / g["onnx"]), gname, settings)
-            reference = fused_reference(reference_sess, gname, info, pair["vocab_size"])
+            reference = reference_outputs(reference_sess, gname, info, pair["vocab_size"])
             del reference_sess
             checks = "smoke call, causal-invariance check" if gname == "target" else "smoke call"
             ctx.progress(f"loading {gname} in ONNX Runtime ({checks})")
             sess = OrtSession(out / g["onnx"], gname, settings)
             smoke(sess, gname, info)
             if gname in unfused:
-                facts[f"{gname}_fused_max_diff"] = fused_matches(sess, reference, f"fused {gname}", info["dtype"])
+                facts[f"{gname}_fused_max_diff"] = matches_reference(sess, reference, f"fused {gname}", info["dtype"])
             if gname == "target":
                 facts["causal_invariance_max_diff"] = causal_invariance(sess, info, pair["vocab_size"])
             del sess
@@ -143,7 +143,7 @@ def _compile_ort(ctx: StageContext) -> dict[str, Any]:
                 ctx.progress(f"checking the prefix-cache {gname} against the exported graph")
                 sess = OrtPrefixSession(out / twin["onnx"], gname, info["ctx_len"], settings)
                 label = f"prefix-cache {gname}"
-                facts[f"{gname}_prefix_max_diff"] = fused_matches(sess, reference, label, info["dtype"])
+                facts[f"{gname}_prefix_max_diff"] = matches_reference(sess, reference, label, info["dtype"])
                 del sess
         done += ["fused vs unfused"] if unfused else []
         done += ["prefix cache vs static"] if any(g.endswith("_prefix") for g in info["graphs"]) else []
