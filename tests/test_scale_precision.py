@@ -115,14 +115,14 @@ def test_twin_validation_passes_and_catches_a_bad_weight(tiny_llama_pair: TinyPa
     from dflash_cli.pipeline import artifact_paths
 
     doc = json.loads((artifact_paths(recipe, cache, ["export"])["export"] / "validation.json").read_text())
-    assert doc["mode"].startswith("twin: 2 target / 2 draft layers, 300 vocabulary rows")
+    assert doc["mode"].startswith("twin: 3 target / 2 draft layers, 300 vocabulary rows")
     assert all(c["ok"] for c in doc["checks"]) and any(c["call"] == "vs-huggingface" for c in doc["checks"])
 
     real = graphs._reader
 
     def corrupt(store, key, dtype, cut, shape):
         produce = real(store, key, dtype, cut, shape)
-        if key != "model.layers.1.mlp.down_proj.weight":
+        if key != "model.layers.2.mlp.down_proj.weight":  # a layer the export copied from layer 0
             return produce
         return lambda: (block * 1.5 for block in produce())
 

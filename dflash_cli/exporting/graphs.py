@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from dflash_cli.exporting.external_data import Initializer, WrittenTensors
+from dflash_cli.exporting.replicate import ReplicationError
 from dflash_cli.exporting.torch_to_onnx import export_streamed
 from dflash_cli.weights import WeightStore
 
@@ -77,36 +78,36 @@ def export_pair(
         sources = _sources(module, store, rename, dtype, rows)
         rotary = Rotary(rope_cfg)
         sources[prefix + "rotary.inv_freq"] = _constant(rotary.inv_freq.float())
-        _keep_rope_float32(module)
         # RoPE by table lookup in the graph (fp16-safe angles); the tables cover every cache slot.
         cos, sin = rotary.tables(shape.ctx_len)
-        traced = module.rotary if gname == "target" else module.draft.rotary
-        device = traced.inv_freq.device  # the meta device: the bytes come from `sources`
-        traced.use_tables(cos.to(device), sin.to(device))
+        device = torch.device("meta")  # the bytes come from `sources`
         sources[prefix + "rotary.cos_table"] = _constant(cos)
         sources[prefix + "rotary.sin_table"] = _constant(sin)
+        stand_in = _one_layer_stand_in(gname, module, rope_cfg, src, logits, dtype, rows)
+        for traced in (module, stand_in):
+            if traced is not None:
+                _keep_rope_float32(traced)
+                rot = traced.rotary if gname == "target" else traced.draft.rotary
+                rot.use_tables(cos.to(device), sin.to(device))
         for flavour in ("", "_prefix") if prefix_graphs else ("",):
             # "_prefix": the same module traced in its prefix-cache form for ONNX Runtime (see
             # StaticCacheTarget.use_prefix_cache); `written` makes it point at the weights just written.
             module.use_prefix_cache(flavour == "_prefix")
             ins, outs = module.io_names()
-            example = _example_inputs(gname, module, shape, dtype, prefix_cache=flavour == "_prefix")
             t0 = time.perf_counter()
             report = _Throttled(progress, gname + flavour)
-            past = tuple(n for n in ins if n.startswith("past_")) if flavour else ()
-            nbytes = export_streamed(
-                module,
-                example,
-                ins,
-                outs,
-                sym,
-                out / f"{gname}{flavour}.onnx",
-                sources,
-                written,
-                opset=opset,
-                progress=report,
-                past_len_inputs=past,
-            )
+            nbytes = None
+            job = (gname, flavour, shape, dtype, sym, out, sources, written, opset, report)
+            if stand_in is not None:
+                # Trace one layer and copy it to the real depth (exporting/replicate.py): minutes -> seconds.
+                stand_in.use_prefix_cache(flavour == "_prefix")
+                plan = _layer_plan(gname, module, ins, outs)
+                try:
+                    nbytes = _export(stand_in, plan, *job)
+                except ReplicationError as exc:
+                    progress(f"{gname}{flavour}.onnx: tracing every layer ({exc})")
+            if nbytes is None:
+                nbytes = _export(module, None, *job)
             graphs[gname + flavour] = {
                 **graph_facts(gname, module, shape, flavour),
                 "data_bytes": nbytes,
@@ -115,6 +116,62 @@ def export_pair(
         module.use_prefix_cache(False)
         store.close()
     return graphs
+
+
+def _export(module, plan, gname, flavour, shape, dtype, sym, out, sources, written, opset, report) -> int:
+    ins, outs = module.io_names()
+    example = _example_inputs(gname, module, shape, dtype, prefix_cache=flavour == "_prefix")
+    past = tuple(n for n in ins if n.startswith("past_")) if flavour else ()
+    return export_streamed(
+        module,
+        example,
+        ins,
+        outs,
+        sym,
+        out / f"{gname}{flavour}.onnx",
+        sources,
+        written,
+        opset=opset,
+        progress=report,
+        past_len_inputs=past,
+        replicate=plan,
+    )
+
+
+def _one_layer_stand_in(gname, module, hf_config, src: Path, logits: bool, dtype, rows):
+    """The model with one decoder layer (same names, shapes and options), or None when replication is
+    off (DFLASH_EXPORT_REPLICATE=0) or the model has a single layer anyway."""
+    import copy
+
+    from dflash_cli.modeling.loading import build_draft, build_target
+
+    if os.environ.get("DFLASH_EXPORT_REPLICATE", "1") == "0":
+        return None
+    if gname == "target":
+        if module.spec.num_layers < 2:
+            return None
+        cfg = copy.deepcopy(hf_config)
+        cfg.num_hidden_layers = 1
+        last = module.spec.num_layers - 1
+        ids = [-1 if i == last else 0 for i in module.layer_ids]
+        stand_in = build_target(src, logits, cfg=cfg, layer_ids=ids, device="meta", dtype=dtype)
+        stand_in.normed_tap = -1
+        return stand_in
+    if len(module.draft.layers) < 2:
+        return None
+    cfg = copy.deepcopy(hf_config)
+    cfg.num_hidden_layers = 1
+    return build_draft(src, logits, cfg=cfg, vocab=rows, device="meta", dtype=dtype)
+
+
+def _layer_plan(gname: str, module, ins: list[str], outs: list[str]):
+    from dflash_cli.exporting.replicate import LayerPlan
+
+    if gname == "target":
+        n, where, taps = module.spec.num_layers, "model.", tuple(module.layer_ids)
+    else:
+        n, where, taps = len(module.draft.layers), "draft.", ()
+    return LayerPlan(n, where + "layers.", where + "embed_tokens", where + "norm", tuple(ins), tuple(outs), taps)
 
 
 def graph_facts(gname: str, module, shape: PairShape, flavour: str = "") -> dict[str, Any]:

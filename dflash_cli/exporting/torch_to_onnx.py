@@ -35,14 +35,16 @@ def export_streamed(
     opset: int = 18,
     progress: Callable[[int, int, int], None] | None = None,
     past_len_inputs: tuple[str, ...] = (),
+    replicate=None,
 ) -> int:
     """Trace `module` (parameters on the meta device) and write `path` + `path.data`; returns data bytes.
 
     `sources` maps a parameter/buffer name of `module` to the producer of its bytes. `past_len_inputs`
     get a second symbolic dim, `past_len`, on axis 1 (the prefix-cache graphs' filled slots).
+    With `replicate` (a replicate.LayerPlan), `module` is a one-layer stand-in of the real model and
+    its traced layer is copied to the real depth before the weights are written.
     """
     import onnx_ir as ir
-    import onnxscript.optimizer
     import onnxscript.rewriter.onnx_fusions
 
     seq = torch.export.Dim("seq_len", min=1, max=8192)
@@ -85,12 +87,70 @@ def export_streamed(
     # The exporter's usual clean-up, except that nothing computed from a weight is folded into a new
     # constant: weights stay the checkpoint's tensors (streamed, shareable with the other graph).
     weights = {v for v in model.graph.initializers.values() if v.name in by_graph_name}
-    onnxscript.optimizer.optimize_ir(model, should_fold=lambda node: False if weights & set(node.inputs) else None)
+    _optimize(model, should_fold=lambda node: False if weights & set(node.inputs) else None)
     onnxscript.rewriter.onnx_fusions.fuse(model)
+    if replicate is not None:
+        from dflash_cli.exporting.replicate import replicate_layers
+
+        def weight_value(name: str, like):
+            tmpl = like.const_value
+            src = sources.get(name)
+            if src is None:
+                raise DFlashError(f"export: no weights for {name}", hint="this is a dflash bug")
+            value = ir.Value(
+                name=_WRAPPER_PREFIX + name,
+                type=like.type,
+                shape=like.shape,
+                const_value=ir.LazyTensor(
+                    _reader(src, tmpl.dtype, tuple(tmpl.shape)), dtype=tmpl.dtype, shape=tmpl.shape, name=name
+                ),
+            )
+            model.graph.register_initializer(value)
+            by_graph_name[value.name] = src
+            return value
+
+        replicate_layers(model, replicate, weight_value)
     nbytes = write_initializers(model, path.parent, path.name + ".data", by_graph_name, written, progress)
     ir.save(model, str(path))
     _name_seq_dims(path)
     return nbytes
+
+
+def _optimize(model, should_fold) -> None:
+    """onnxscript's optimize_ir (fold, rewrite, clean up) without merging initializers of equal content:
+    two layers whose norm weights happen to be equal (all ones in a fresh model) keep their own, as
+    a graph grown from one traced layer must (replicate.py), and as any other checkpoint may differ."""
+    import onnx_ir as ir
+    import onnx_ir.passes.common as common
+    from onnxscript import rewriter
+    from onnxscript.optimizer import _constant_folding
+
+    passes = ir.passes.Sequential(
+        common.InlinePass(),
+        ir.passes.PassManager(
+            [
+                _constant_folding.FoldConstantsPass(
+                    shape_inference=True,
+                    input_size_limit=_constant_folding.DEFAULT_CONSTANT_FOLD_INPUT_SIZE_LIMIT,
+                    output_size_limit=_constant_folding.DEFAULT_CONSTANT_FOLD_OUTPUT_SIZE_LIMIT,
+                    should_fold=should_fold,
+                ),
+                rewriter.RewritePass(rewriter._DEFAULT_REWRITE_RULES),
+                common.RemoveUnusedNodesPass(),
+                common.RemoveUnusedFunctionsPass(),
+                common.RemoveUnusedOpsetsPass(),
+            ],
+            steps=2,
+            early_stop=True,
+        ),
+        common.RemoveUnusedNodesPass(),
+        common.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0),
+        common.LiftSubgraphInitializersToMainGraphPass(),
+        common.CommonSubexpressionEliminationPass(),
+        common.OutputFixPass(),
+        common.NameFixPass(),
+    )
+    passes(model)
 
 
 def _reader(src: Initializer, dtype, shape: tuple[int, ...]):

@@ -18,7 +18,9 @@ RTOL = {"fp32": 1e-3, "fp16": 2e-2}  # relative to the reference's largest magni
 # fp16 graphs against a float32 reference: argmax may flip where two logits are within fp16 rounding
 # (random-weight models are full of such near ties); more than this fraction is a conversion fault.
 TOKEN_TOL = {"fp32": 0.0, "fp16": 0.1}
-TWIN_LAYERS = 2  # a twin keeps the first layers of target and draft...
+# A twin keeps the first layers of target and draft (three: the export grows graphs from one traced
+# layer, exporting/replicate.py, and three layers check a copy reading a copy)...
+TWIN_LAYERS = 3
 TWIN_VOCAB = 4096  # ...and the first vocabulary rows; hidden size, heads, ctx_len and block stay as built
 
 

@@ -132,6 +132,10 @@ class StaticCacheTarget(nn.Module):
         self.dflash = _Fusion(self.spec.hidden, len(self.layer_ids), self.spec.eps)
 
     prefix_cache = False
+    # Which id in layer_ids means "after the final norm" (None: the last layer). The export traces a
+    # one-layer stand-in whose raw layer-0 output stands for every other tap (exporting/replicate.py),
+    # so there the final-norm tap needs an id of its own (-1).
+    normed_tap: int | None = None
 
     def use_prefix_cache(self, on: bool = True) -> None:
         """The ONNX Runtime form: `past` [b, L, kvh, d] holds only the L slots filled before the call (L is
@@ -149,7 +153,7 @@ class StaticCacheTarget(nn.Module):
         visible = (slots[None, None, :] <= position_ids[:, :, None])[:, None]  # [b, 1, s, C]
         x = self.model.embed_tokens(input_ids)
         taps, retained = {}, []
-        last = self.spec.num_layers - 1
+        last = self.spec.num_layers - 1 if self.normed_tap is None else self.normed_tap
         for i, layer in enumerate(self.model.layers):
             x, k, v = layer(x, cos, sin, position_ids, visible, past[2 * i], past[2 * i + 1])
             retained += [k, v]

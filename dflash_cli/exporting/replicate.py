@@ -1,0 +1,191 @@
+"""Grow a graph traced with one decoder layer into the real depth by copying that layer's nodes.
+
+Tracing costs ~2 s per decoder layer and graph on two cores (torch.export, decompositions, ONNX
+translation) and the exporter's clean-up grows faster than linearly, so a 28-layer graph took
+minutes while every layer traces to the same nodes. The export therefore traces the model with one
+layer and copies it here, in the ONNX IR, once per further layer, with that layer's weights, cache
+inputs and cache outputs, each copy reading the previous copy's output.
+
+What belongs to the layer is found from data flow: every node that depends on a layer-0 source
+(its weights, its `past_*.0` cache inputs, or the hidden state entering it) and not on the hidden
+state leaving it. Nodes of the layer that depend on none of those (the attention mask, say) are
+shared by all copies. The hidden state entering is what the embedding module's nodes hand to the
+layer; the one leaving is what the final norm's nodes read. Anything else that reads the layer from
+outside (the target's feature taps) is rewired explicitly; any shape of graph this code does not
+expect raises `ReplicationError`, and the caller traces the whole model instead.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+SCOPES_KEY = "pkg.torch.onnx.name_scopes"
+_WRAPPER_PREFIX = "inner."
+_PAST = re.compile(r"^past_(key|value)\.0$")
+_CACHE_OUT = re.compile(r"^(past|present)_(key|value)\.0(_RetainedState)?$")
+
+
+class ReplicationError(Exception):
+    """The traced graph is not shaped as replication expects (the caller falls back to a full trace)."""
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    num_layers: int  # depth of the real model
+    layers_prefix: str  # parameter path of the layer list: "model.layers." or "draft.layers."
+    embed_scope: str  # module path of the embedding ("model.embed_tokens")
+    norm_scope: str  # module path of the final norm ("model.norm")
+    input_names: tuple[str, ...]  # the real model's graph inputs and outputs, in order
+    output_names: tuple[str, ...]
+    taps: tuple[int, ...] = ()  # the real layers whose output a Concat reads (the target's features)
+
+
+def replicate_layers(model, plan: LayerPlan, weight_value) -> None:
+    """Copy layer 0 of `model` (onnx_ir, traced with one layer) into layers 1..num_layers-1, in place.
+
+    `weight_value(name, like)` returns the initializer value for weight `name` (without the wrapper
+    prefix), shaped like the template's `like`.
+    """
+    import onnx_ir as ir
+
+    graph = model.graph
+    n = plan.num_layers
+    nodes = list(graph)
+    layer0 = plan.layers_prefix + "0."
+    weights0 = {v for v in graph.initializers.values() if v.name.removeprefix(_WRAPPER_PREFIX).startswith(layer0)}
+    pasts0 = {v for v in graph.inputs if _PAST.match(v.name)}
+    chain_in = _single(_crossing(nodes, plan.embed_scope, leaving=True), "hidden state entering layer 0")
+    chain_out = _single(_crossing(nodes, plan.norm_scope, leaving=False), "hidden state leaving layer 0")
+
+    layer_dep: set = set(weights0) | pasts0 | {chain_in}
+    tail_dep: set = {chain_out}
+    template = []
+    for node in nodes:
+        ins = [v for v in node.inputs if v is not None]
+        if any(v in tail_dep for v in ins):
+            tail_dep.update(node.outputs)
+        elif any(v in layer_dep for v in ins):
+            layer_dep.update(node.outputs)
+            template.append(node)
+        if any(a.type == ir.AttributeType.GRAPH or a.type == ir.AttributeType.GRAPHS for a in node.attributes.values()):
+            raise ReplicationError(f"node {node.name} has subgraphs")
+    if chain_out.producer() not in template:
+        raise ReplicationError("the final norm does not read layer 0's output")
+    inside = set(template)
+    produced = {v for node in template for v in node.outputs}
+
+    # Who reads the layer from outside: the final norm and a taps Concat (chain_out only), and the
+    # graph outputs (layer 0's own cache outputs only).
+    outside_reads = []
+    for node in nodes:
+        if node in inside:
+            continue
+        for i, v in enumerate(node.inputs):
+            if v in produced:
+                if v is not chain_out:
+                    raise ReplicationError(f"{node.name} reads {v.name} from inside layer 0")
+                outside_reads.append((node, i))
+    cache_outs = [v for v in graph.outputs if v in produced]
+    if any(not _CACHE_OUT.match(v.name) for v in cache_outs) or len(cache_outs) != len(pasts0):
+        raise ReplicationError(f"layer 0's graph outputs are not its caches: {[v.name for v in cache_outs]}")
+
+    outs = [chain_out]
+    inputs = {v.name: v for v in graph.inputs}
+    outputs = {v.name: v for v in graph.outputs}
+    for k in range(1, n):
+        mapping = {chain_in: outs[-1]}
+        for v in pasts0:
+            mapping[v] = inputs[_layer_name(v.name, k)] = _new_input(ir, v, _layer_name(v.name, k))
+        for node in template:
+            args = []
+            for v in node.inputs:
+                if v is not None and v not in mapping and v in weights0:
+                    name = v.name.removeprefix(_WRAPPER_PREFIX).replace(layer0, f"{plan.layers_prefix}{k}.", 1)
+                    mapping[v] = weight_value(name, v)
+                args.append(mapping.get(v, v) if v is not None else None)
+            copy = ir.Node(
+                node.domain,
+                node.op_type,
+                args,
+                attributes=list(node.attributes.values()),
+                overload=node.overload,
+                num_outputs=len(node.outputs),
+                version=node.version,
+                name=f"{node.name}__L{k}",
+                metadata_props={key: _rename_scope(val, k) for key, val in node.metadata_props.items()},
+            )
+            for old, new in zip(node.outputs, copy.outputs):
+                new.name = _layer_name(old.name, k) if old in cache_outs else f"{old.name}__L{k}"
+                new.type, new.shape = old.type, old.shape
+                mapping[old] = new
+                if old in cache_outs:
+                    outputs[new.name] = new
+            graph.append(copy)
+        outs.append(mapping[chain_out])
+
+    _rewire(outside_reads, plan, outs)
+    missing = [x for x in plan.input_names if x not in inputs] + [x for x in plan.output_names if x not in outputs]
+    if missing:
+        raise ReplicationError(f"graph names missing after replication: {missing[:4]}")
+    graph.inputs[:] = [inputs[x] for x in plan.input_names]
+    graph.outputs[:] = [outputs[x] for x in plan.output_names]
+    graph.sort()
+
+
+def _rewire(reads, plan: LayerPlan, outs: list) -> None:
+    """Point the final norm at the last layer's output and each tap at its own layer's output."""
+    last = plan.num_layers - 1
+    for node in dict.fromkeys(node for node, _ in reads):
+        slots = [i for n, i in reads if n is node]
+        if plan.norm_scope in _scopes(node):
+            for i in slots:
+                node.replace_input_with(i, outs[last])
+        elif node.op_type == "Concat" and plan.taps:
+            want = [j for j, layer in enumerate(plan.taps) if layer != last]
+            if slots != want or len(node.inputs) != len(plan.taps):
+                raise ReplicationError(f"taps Concat reads layer 0 at {slots}, expected {want}")
+            for i in slots:
+                node.replace_input_with(i, outs[plan.taps[i]])
+        else:
+            raise ReplicationError(f"{node.op_type} {node.name} reads layer 0's output")
+
+
+def _crossing(nodes, scope: str, *, leaving: bool) -> set:
+    """Values crossing the boundary of module `scope`: produced inside and read outside (leaving),
+    or produced by a node outside and read inside (entering; weights and graph inputs excluded)."""
+    found = set()
+    for node in nodes:
+        in_scope = scope in _scopes(node)
+        for v in node.inputs:
+            if v is None or v.producer() is None:
+                continue
+            producer_in = scope in _scopes(v.producer())
+            if leaving and producer_in and not in_scope:
+                found.add(v)
+            if not leaving and in_scope and not producer_in:
+                found.add(v)
+    return found
+
+
+def _scopes(node) -> list[str]:
+    raw = node.metadata_props.get(SCOPES_KEY, "")
+    return [s.removeprefix(_WRAPPER_PREFIX) for s in re.findall(r"'([^']*)'", raw)]
+
+
+def _single(values: set, what: str):
+    if len(values) != 1:
+        raise ReplicationError(f"expected one {what}, found {sorted(v.name for v in values)}")
+    return next(iter(values))
+
+
+def _layer_name(name: str, k: int) -> str:
+    return re.sub(r"\.0(_RetainedState)?$", lambda m: f".{k}{m.group(1) or ''}", name, count=1)
+
+
+def _rename_scope(value: str, k: int) -> str:
+    return re.sub(r"layers\.0(?=[.'\"\]]|$)", f"layers.{k}", value)
+
+
+def _new_input(ir, like, name: str):
+    return ir.Value(name=name, type=like.type, shape=like.shape)
