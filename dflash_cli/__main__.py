@@ -2,4 +2,5 @@
 
 from dflash_cli.cli.app import main
 
-main()
+if __name__ == "__main__":  # the export's second process (spawn) imports this module too
+    main()

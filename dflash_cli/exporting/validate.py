@@ -6,6 +6,7 @@ tolerance fails the stage (the caller raises), never just a warning.
 
 from __future__ import annotations
 
+import os
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ TOKEN_TOL = {"fp32": 0.0, "fp16": 0.1}
 # layer, exporting/replicate.py, and three layers check a copy reading a copy)...
 TWIN_LAYERS = 3
 TWIN_VOCAB = 4096  # ...and the first vocabulary rows; hidden size, heads, ctx_len and block stay as built
+TWIN_IN_PROCESS = False  # export the twin after the real graphs, in this process (one core; tests that patch it)
 
 
 @dataclass(frozen=True)
@@ -111,49 +113,120 @@ def target_vs_hf(hf, module, prompt: np.ndarray, ctx_len: int) -> list[Check]:
     return checks
 
 
-def validate_export(src: Path, out: Path, shape, e, pair: dict, *, full: bool, progress) -> tuple[list[Check], str]:
-    """Check the exported graphs (full) or a reduced twin exported by the same code (large pairs).
+@dataclass(frozen=True)
+class TwinPlan:
+    layers: int
+    draft_layers: int
+    rows: int
+    ids: list[int]
 
-    Returns the checks and the mode's description.
-    """
+    @classmethod
+    def of(cls, src: Path, pair: dict) -> TwinPlan:
+        from dflash_cli.modeling.loading import draft_config, target_config
+
+        layers = min(target_config(src).num_hidden_layers, TWIN_LAYERS)
+        return cls(
+            layers=layers,
+            draft_layers=min(draft_config(src).num_hidden_layers, TWIN_LAYERS),
+            rows=min(pair["vocab_size"], TWIN_VOCAB),
+            ids=[min(i, layers - 1) for i in pair["target_layer_ids"]],
+        )
+
+    def configs(self, src: Path):
+        from dflash_cli.modeling.loading import draft_config, target_config
+
+        return (
+            target_config(src, num_hidden_layers=self.layers, vocab_size=self.rows),
+            draft_config(src, num_hidden_layers=self.draft_layers),
+        )
+
+    def describe(self) -> str:
+        return (
+            f"twin: {self.layers} target / {self.draft_layers} draft layers, {self.rows} vocabulary rows, "
+            "all other shapes as built"
+        )
+
+
+class TwinExport:
+    """The validation twin exported in a second process while the stage exports the real graphs: tracing
+    is single-threaded Python, so on two cores the twin costs no wall time. Its memory is the twin's."""
+
+    def __init__(self, src: Path, out: Path, shape, e, plan: TwinPlan) -> None:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        self.plan, self.where = plan, out / "_validation_twin"
+        self.where.mkdir()
+        self._args = (src, self.where, shape, e.dtype, e.logits, e.opset, plan)
+        self._pool = self._job = None
+        if not TWIN_IN_PROCESS and (os.cpu_count() or 1) >= 2:
+            self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+            self._job = self._pool.submit(_export_twin, *self._args)
+
+    def wait(self) -> None:
+        from dflash_cli.errors import DFlashError
+
+        if self._pool is None:
+            failure = _export_twin(*self._args)
+        else:
+            try:
+                failure = self._job.result()
+            except Exception as exc:  # the worker died (killed, out of memory)
+                failure = f"{type(exc).__name__}: {exc}"
+            finally:
+                self._pool.shutdown()
+        if failure:
+            raise DFlashError(f"exporting the validation twin failed: {failure}", hint="DFLASH_DEBUG=1 shows more")
+
+    def cancel(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        shutil.rmtree(self.where, ignore_errors=True)
+
+
+def _export_twin(src: Path, where: Path, shape, dtype: str, logits: bool, opset: int, plan: TwinPlan) -> str:
+    """Worker: export the twin's static graphs; returns "" or the error (exceptions may not unpickle)."""
     from dflash_cli.exporting.graphs import DTYPES, export_pair
-    from dflash_cli.modeling.loading import draft_config, target_config
 
-    if full:
-        progress("validating the ONNX graphs against PyTorch and Hugging Face")
-        tcfg, dcfg, ids, rows, where = None, None, None, None, out
-        mode = "full"
-    else:
-        tcfg0, dcfg0 = target_config(src), draft_config(src)
-        layers = min(tcfg0.num_hidden_layers, TWIN_LAYERS)
-        draft_layers = min(dcfg0.num_hidden_layers, TWIN_LAYERS)
-        rows = min(pair["vocab_size"], TWIN_VOCAB)
-        tcfg = target_config(src, num_hidden_layers=layers, vocab_size=rows)
-        dcfg = draft_config(src, num_hidden_layers=draft_layers)
-        ids = [min(i, layers - 1) for i in pair["target_layer_ids"]]
-        where = out / "_validation_twin"
-        where.mkdir()
-        mode = f"twin: {layers} target / {draft_layers} draft layers, {rows} vocabulary rows, all other shapes as built"
-        progress(f"validating a {layers}-layer, {rows}-row twin exported by the same code (bounded memory)")
+    try:
+        tcfg, dcfg = plan.configs(src)
         export_pair(
             src,
             where,
             shape,
-            dtype=DTYPES[e.dtype],
-            logits=e.logits,
-            opset=e.opset,
+            dtype=DTYPES[dtype],
+            logits=logits,
+            opset=opset,
             progress=lambda m: None,
             target_cfg=tcfg,
             draft_cfg=dcfg,
-            layer_ids=ids,
-            rows=rows,
-            prefix_graphs=False,  # the compile stage checks the prefix-cache graphs against these
+            layer_ids=plan.ids,
+            rows=plan.rows,
+            prefix_graphs=False,  # the compile stage checks the prefix-cache graphs against the real ones
         )
+        return ""
+    except Exception as exc:  # noqa: BLE001 - reported by the parent with its own hint
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+
+def validate_export(
+    src: Path, out: Path, shape, e, pair: dict, *, twin: TwinExport | None, progress
+) -> tuple[list[Check], str]:
+    """Check the exported graphs (no `twin`) or the reduced twin exported beside them (large pairs).
+
+    Returns the checks and the mode's description.
+    """
+    if twin is None:
+        progress("validating the ONNX graphs against PyTorch and Hugging Face")
+        return _run_checks(src, out, shape, e, pair, None, None, None, None), "full"
+    progress(f"validating a {twin.plan.layers}-layer, {twin.plan.rows}-row twin exported by the same code")
     try:
-        return _run_checks(src, where, shape, e, pair, tcfg, dcfg, ids, rows), mode
+        twin.wait()
+        tcfg, dcfg = twin.plan.configs(src)
+        checks = _run_checks(src, twin.where, shape, e, pair, tcfg, dcfg, twin.plan.ids, twin.plan.rows)
+        return checks, twin.plan.describe()
     finally:
-        if not full:
-            shutil.rmtree(where, ignore_errors=True)
+        shutil.rmtree(twin.where, ignore_errors=True)
 
 
 def _run_checks(src, where, shape, e, pair, tcfg, dcfg, ids, rows) -> list[Check]:

@@ -76,20 +76,29 @@ class ExportStage:
             )
         out = ctx.out_dir
         shape = PairShape(B, P, C, pair["hidden_size"])
-        if e.exporter == "dynamo":
-            ctx.progress(f"tracing on the meta device and streaming {e.dtype} weights (opset {e.opset})")
-            graphs = export_pair(
-                src, out, shape, dtype=DTYPES[e.dtype], logits=e.logits, opset=e.opset, progress=ctx.progress
-            )
-        else:
-            graphs = _export_torchscript(src, out, shape, e, ctx.progress)
+        twin = None
+        if e.validate_outputs and _fp32_bytes(src) > FULL_VALIDATION_BYTES:
+            from dflash_cli.exporting.validate import TwinExport, TwinPlan
+
+            # Large pairs validate a reduced twin (bounded memory), exported meanwhile in a second process.
+            twin = TwinExport(src, out, shape, e, TwinPlan.of(src, pair))
+        try:
+            if e.exporter == "dynamo":
+                ctx.progress(f"tracing on the meta device and streaming {e.dtype} weights (opset {e.opset})")
+                graphs = export_pair(
+                    src, out, shape, dtype=DTYPES[e.dtype], logits=e.logits, opset=e.opset, progress=ctx.progress
+                )
+            else:
+                graphs = _export_torchscript(src, out, shape, e, ctx.progress)
+        except BaseException:
+            if twin is not None:
+                twin.cancel()
+            raise
         checks, mode = [], "off"
         if e.validate_outputs:
             from dflash_cli.exporting.validate import validate_export
 
-            checks, mode = validate_export(
-                src, out, shape, e, pair, full=_fp32_bytes(src) <= FULL_VALIDATION_BYTES, progress=ctx.progress
-            )
+            checks, mode = validate_export(src, out, shape, e, pair, twin=twin, progress=ctx.progress)
             (out / "validation.json").write_text(
                 json.dumps({"mode": mode, "checks": [c.to_dict() for c in checks]}, indent=2) + "\n"
             )
