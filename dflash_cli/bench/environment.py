@@ -46,4 +46,5 @@ def environment(engine_info: dict[str, Any]) -> dict[str, Any]:
         "recipe": engine_info.get("recipe"),
         "artifact_keys": engine_info.get("artifact_keys", {}),
         "compile": engine_info.get("compile", {}),
+        "plain_session": engine_info.get("plain_session"),  # what the baseline ran on (Engine.open_plain_session)
     }

@@ -97,6 +97,9 @@ def to_markdown(doc: dict[str, Any]) -> str:
             f"| {_fmt(r['tpot_ms_std'])} | {_fmt(r['ttft_ms_median'], 1)} | {_fmt(r['tau'])} "
             f"| {_fmt(r['speedup'])}x | {ci} |"
         )
+    plain_on = (doc.get("environment") or {}).get("plain_session")
+    if plain_on and doc.get("baseline"):
+        lines += ["", f"plain ran on {plain_on}"]
     lossless = doc.get("lossless", {})
     if lossless.get("checked"):
         n = len(lossless.get("mismatches", []))

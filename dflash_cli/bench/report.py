@@ -61,6 +61,9 @@ def report_renderables(doc: dict[str, Any]) -> list[RenderableType]:
         parts.append(decomposition_table(doc["decomposition"]))
     if doc.get("sweep"):
         parts.append(sweep_table(doc["sweep"]))
+    plain_on = (doc.get("environment") or {}).get("plain_session")
+    if plain_on and doc.get("baseline"):
+        parts.append(Text(f"plain ran on {plain_on}"))
     parts.append(lossless_line(doc["lossless"]))
     return parts
 

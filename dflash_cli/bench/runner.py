@@ -41,6 +41,9 @@ class BenchSettings:
     repeat: int = 1  # each turn's modes run this many times (interleaved), each a separate record
     warmup: int = 0  # samples run first in every mode and discarded (caches, thread pools); the CLI's default is 1
     step_time_repeats: int = 20  # engine.step_times() repeats for the speedup decomposition; 0 skips it
+    # Plain (the baseline) on its own target session with its best thread setting (spinning on), where
+    # the engine can open one (Engine.open_plain_session): speedups are against the best plain decoding.
+    plain_best: bool = True
 
     def comparable(self) -> dict[str, Any]:
         """Settings stored in the results-log header: a resumed run must match them all."""
@@ -128,6 +131,8 @@ def run_bench(
     """
     modes = _validate_modes(modes)
     engine_info = describe_engine(engine)
+    if settings.plain_best and BASELINE_MODE in modes and hasattr(engine, "open_plain_session"):
+        engine_info["plain_session"] = engine.open_plain_session()
     header = {**settings.comparable(), "modes": list(modes), **_comparable_engine_facts(engine_info)}
     finished: dict[TurnKey, dict[str, Any]] = {}
     history_mode = BASELINE_MODE if BASELINE_MODE in modes else modes[0]

@@ -113,6 +113,14 @@ RepeatOpt = Annotated[
     int,
     typer.Option("--repeat", min=1, help="Run each sample's modes N times (interleaved); timings report their spread."),
 ]
+PlainBestOpt = Annotated[
+    bool,
+    typer.Option(
+        "--plain-best/--plain-same",
+        help="Plain (the baseline) on its own target session with spinning threads, its best CPU setting "
+        "(default), or on the speculative modes' session.",
+    ),
+]
 FormatOpt = Annotated[
     str | None,
     typer.Option("--format", metavar="table|md|csv|json", help="Report on stdout (default table; json = --json)."),
@@ -176,6 +184,7 @@ def bench_command(
     block_sizes: BlockSizesOpt = None,
     warmup: WarmupOpt = 1,
     repeat: RepeatOpt = 1,
+    plain_best: PlainBestOpt = True,
     format_: FormatOpt = None,
     endpoint: EndpointOpt = None,
     model: ModelOpt = None,
@@ -218,6 +227,7 @@ def bench_command(
         seed=seed,
         repeat=repeat,
         warmup=warmup,
+        plain_best=plain_best,
     )
     if endpoint:
         doc = _bench_endpoint(endpoint, model, samples, settings, recipe if recipe_given else None, set_, cache_dir)
