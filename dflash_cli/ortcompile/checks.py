@@ -90,6 +90,12 @@ def graph_weight_bytes(onnx_path: Path) -> int:
 
 REWRITE_RTOL = {"fp32": 1e-4, "fp16": 2e-2}  # relative to the largest magnitude, by export.dtype: fused kernels
 # reorder arithmetic and round at other points, which in fp16 moves features by ~1e-3
+# int8/int4 weights multiply activations quantised to int8 per token (accuracy_level 4): a rounding
+# difference before a MatMul can move an activation by a whole quantisation step, so features move
+# by more and near-tie tokens flip (a random-weight Llama-3.1-8B int4: 15% of argmax tokens). A broken
+# rewrite moves features by O(1); this bound still catches that. Lossless decoding is checked on the
+# compiled graphs themselves (greedy DFlash == greedy plain), not by this comparison.
+QUANTIZED_RTOL = 0.1
 
 
 def _fused_check_calls(session, gname: str, info: dict, vocab_size: int, seed: int = 0) -> list[dict]:
@@ -126,13 +132,16 @@ def reference_outputs(unfused, gname: str, info: dict, vocab_size: int) -> list[
     return out
 
 
-def matches_reference(fused, reference: list[tuple[dict, dict]], label: str, dtype: str = "fp32") -> dict[str, float]:
+def matches_reference(
+    fused, reference: list[tuple[dict, dict]], label: str, dtype: str = "fp32", quantized: bool = False
+) -> dict[str, float]:
     """A rewritten graph (ortcompile.fuse, or a prefix-cache twin) on the calls `reference_outputs` recorded
     from the exported graph, on real (not padding) rows: float outputs within REWRITE_RTOL[dtype]; token
-    outputs equal in fp32 (in fp16 a near tie may flip with the rounding, so only the features judge).
-    Raises DFlashError naming the output; returns the largest relative difference per output.
+    outputs equal in fp32 (in fp16 a near tie may flip with the rounding, so only the features judge; so
+    too with `quantized` weights, judged within QUANTIZED_RTOL). Raises DFlashError naming the output;
+    returns the largest relative difference per output (for tokens: the fraction that differ).
     """
-    rtol = REWRITE_RTOL.get(dtype, REWRITE_RTOL["fp16"])
+    rtol = QUANTIZED_RTOL if quantized else REWRITE_RTOL.get(dtype, REWRITE_RTOL["fp16"])
     worst: dict[str, float] = {}
     fused.reset()
     for feeds, ref in reference:
@@ -144,7 +153,7 @@ def matches_reference(fused, reference: list[tuple[dict, dict]], label: str, dty
                 have, want = have[:, real], want[:, real]
             if np.issubdtype(want.dtype, np.integer):
                 diff = float(np.mean(have != want))
-                bad = diff > 0 and dtype == "fp32"
+                bad = diff > 0 and dtype == "fp32" and not quantized
             else:
                 scale = max(1.0, float(np.abs(want).max()))
                 diff = float(np.max(np.abs(have.astype(np.float64) - want.astype(np.float64)))) / scale

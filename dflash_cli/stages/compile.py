@@ -80,6 +80,7 @@ def _compile_ort(ctx: StageContext) -> dict[str, Any]:
         if path.suffix in (".onnx", ".data") and not (precision != "fp32" and path.suffix == ".onnx"):
             link_or_copy(path, out / path.name)
     facts: dict[str, Any] = {"backend": "ort", "precision": precision}
+    quantized = precision != "fp32"
     if precision != "fp32":
         bits = 8 if precision == "int8" else 4
         facts["block_size"] = ort_cfg.block_size
@@ -134,7 +135,9 @@ def _compile_ort(ctx: StageContext) -> dict[str, Any]:
             sess = OrtSession(out / g["onnx"], gname, settings)
             smoke(sess, gname, info)
             if gname in unfused:
-                facts[f"{gname}_fused_max_diff"] = matches_reference(sess, reference, f"fused {gname}", info["dtype"])
+                facts[f"{gname}_fused_max_diff"] = matches_reference(
+                    sess, reference, f"fused {gname}", info["dtype"], quantized
+                )
             if gname == "target":
                 facts["causal_invariance_max_diff"] = causal_invariance(sess, info, pair["vocab_size"])
             del sess
@@ -143,7 +146,7 @@ def _compile_ort(ctx: StageContext) -> dict[str, Any]:
                 ctx.progress(f"checking the prefix-cache {gname} against the exported graph")
                 sess = OrtPrefixSession(out / twin["onnx"], gname, info["ctx_len"], settings)
                 label = f"prefix-cache {gname}"
-                facts[f"{gname}_prefix_max_diff"] = matches_reference(sess, reference, label, info["dtype"])
+                facts[f"{gname}_prefix_max_diff"] = matches_reference(sess, reference, label, info["dtype"], quantized)
                 del sess
         done += ["fused vs unfused"] if unfused else []
         done += ["prefix cache vs static"] if any(g.endswith("_prefix") for g in info["graphs"]) else []
