@@ -62,6 +62,7 @@ def check_command(
     from dflash_cli.cache import Cache
     from dflash_cli.pipeline import build
     from dflash_cli.readiness import readiness_report
+    from dflash_cli.readiness.memory import emulation_does_not_fit
     from dflash_cli.recipe import load_recipe
 
     r = load_recipe(recipe, set_ or [])
@@ -73,6 +74,16 @@ def check_command(
     if not json_:
         console.print(report.render_text(), markup=False, highlight=False)
     ok = report.ok
+    too_big = emulation_does_not_fit(result.path("export")) if fp16_prompts or bands else None
+    if too_big:
+        doc["fp16_skipped"] = too_big
+        fp16_prompts, bands = 0, False
+        console.print(f"fp16 emulation checks skipped: {too_big}", markup=False, highlight=False)
+        console.print(
+            "  hint: run `dflash check` on a host with more memory (the static checks above stand on their own)",
+            markup=False,
+            highlight=False,
+        )
     if fp16_prompts:
         from dflash_cli.bench.datasets import load_dataset
         from dflash_cli.decoding.engine import Engine

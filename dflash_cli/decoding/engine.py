@@ -89,12 +89,14 @@ class Engine:
         flatter DFlash. Costs a second copy of the target's weights: skipped when they are large.
         Returns what plain runs on.
         """
+        from dflash_cli.readiness.memory import available_bytes
+
         o = self.recipe.compile.ort
         if self.recipe.compile.backend != "ort" or self.provider != "CPUExecutionProvider":
             return "the speculative target session (spinning applies to ONNX Runtime on CPU only)"
         if o.allow_spinning:
             return "the speculative target session (spinning already on)"
-        need, free = self.weight_bytes["target"], _available_memory()
+        need, free = self.weight_bytes["target"], available_bytes()
         if free is not None and need > free // 4:
             return f"the speculative target session (a second copy, {need / 2**30:.1f} GiB, does not fit)"
         if self._plain_target is None:
@@ -249,17 +251,6 @@ def _median_seconds(call, repeats: int) -> float:
         call()
         samples.append(time.perf_counter() - t)
     return statistics.median(samples)
-
-
-def _available_memory() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def _open(backend: str, compile_dir: Path, graph: str, recipe: Any, tables=None, spinning: bool | None = None):
