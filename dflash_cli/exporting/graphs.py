@@ -145,23 +145,17 @@ def _one_layer_stand_in(gname, module, hf_config, src: Path, logits: bool, dtype
 
     from dflash_cli.modeling.loading import build_draft, build_target
 
-    if os.environ.get("DFLASH_EXPORT_REPLICATE", "1") == "0":
-        return None
-    if gname == "target":
-        if module.spec.num_layers < 2:
-            return None
-        cfg = copy.deepcopy(hf_config)
-        cfg.num_hidden_layers = 1
-        last = module.spec.num_layers - 1
-        ids = [-1 if i == last else 0 for i in module.layer_ids]
-        stand_in = build_target(src, logits, cfg=cfg, layer_ids=ids, device="meta", dtype=dtype)
-        stand_in.normed_tap = -1
-        return stand_in
-    if len(module.draft.layers) < 2:
+    depth = module.spec.num_layers if gname == "target" else len(module.draft.layers)
+    if os.environ.get("DFLASH_EXPORT_REPLICATE", "1") == "0" or depth < 2:
         return None
     cfg = copy.deepcopy(hf_config)
     cfg.num_hidden_layers = 1
-    return build_draft(src, logits, cfg=cfg, vocab=rows, device="meta", dtype=dtype)
+    if gname == "draft":
+        return build_draft(src, logits, cfg=cfg, vocab=rows, device="meta", dtype=dtype)
+    ids = [-1 if i == depth - 1 else 0 for i in module.layer_ids]
+    stand_in = build_target(src, logits, cfg=cfg, layer_ids=ids, device="meta", dtype=dtype)
+    stand_in.normed_tap = -1
+    return stand_in
 
 
 def _layer_plan(gname: str, module, ins: list[str], outs: list[str]):
