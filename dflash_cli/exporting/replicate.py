@@ -20,8 +20,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-SCOPES_KEY = "pkg.torch.onnx.name_scopes"
-_WRAPPER_PREFIX = "inner."
+from dflash_cli.exporting.torch_to_onnx import WRAPPER_PREFIX
+from dflash_cli.ortcompile.fuse import SCOPES_KEY
+
 _PAST = re.compile(r"^past_(key|value)\.0$")
 _CACHE_OUT = re.compile(r"^(past|present)_(key|value)\.0(_RetainedState)?$")
 
@@ -53,7 +54,7 @@ def replicate_layers(model, plan: LayerPlan, weight_value) -> None:
     n = plan.num_layers
     nodes = list(graph)
     layer0 = plan.layers_prefix + "0."
-    weights0 = {v for v in graph.initializers.values() if v.name.removeprefix(_WRAPPER_PREFIX).startswith(layer0)}
+    weights0 = {v for v in graph.initializers.values() if v.name.removeprefix(WRAPPER_PREFIX).startswith(layer0)}
     pasts0 = {v for v in graph.inputs if _PAST.match(v.name)}
     chain_in = _single(_crossing(nodes, plan.embed_scope, leaving=True), "hidden state entering layer 0")
     chain_out = _single(_crossing(nodes, plan.norm_scope, leaving=False), "hidden state leaving layer 0")
@@ -101,7 +102,7 @@ def replicate_layers(model, plan: LayerPlan, weight_value) -> None:
             args = []
             for v in node.inputs:
                 if v is not None and v not in mapping and v in weights0:
-                    name = v.name.removeprefix(_WRAPPER_PREFIX).replace(layer0, f"{plan.layers_prefix}{k}.", 1)
+                    name = v.name.removeprefix(WRAPPER_PREFIX).replace(layer0, f"{plan.layers_prefix}{k}.", 1)
                     mapping[v] = weight_value(name, v)
                 args.append(mapping.get(v, v) if v is not None else None)
             copy = ir.Node(
@@ -170,7 +171,7 @@ def _crossing(nodes, scope: str, *, leaving: bool) -> set:
 
 def _scopes(node) -> list[str]:
     raw = node.metadata_props.get(SCOPES_KEY, "")
-    return [s.removeprefix(_WRAPPER_PREFIX) for s in re.findall(r"'([^']*)'", raw)]
+    return [s.removeprefix(WRAPPER_PREFIX) for s in re.findall(r"'([^']*)'", raw)]
 
 
 def _single(values: set, what: str):

@@ -19,7 +19,7 @@ from dflash_cli.exporting.external_data import Initializer, WrittenTensors, writ
 
 # Above this many parameter bytes the TorchScript graph keeps its weights in a side `.data` file (protobuf's 2 GB cap).
 EXTERNAL_DATA_BYTES = 1 << 30
-_WRAPPER_PREFIX = "inner."  # _ExplicitArgs holds the module as `inner`
+WRAPPER_PREFIX = "inner."  # _ExplicitArgs holds the module as `inner`
 
 
 def export_streamed(
@@ -73,7 +73,7 @@ def export_streamed(
     model = program.model
     by_graph_name = {}
     for value in model.graph.initializers.values():
-        name = value.name.removeprefix(_WRAPPER_PREFIX)
+        name = value.name.removeprefix(WRAPPER_PREFIX)
         src = sources.get(name)
         if src is None:
             if value.const_value is None or _is_meta(value.const_value):
@@ -98,7 +98,7 @@ def export_streamed(
             if src is None:
                 raise DFlashError(f"export: no weights for {name}", hint="this is a dflash bug")
             value = ir.Value(
-                name=_WRAPPER_PREFIX + name,
+                name=WRAPPER_PREFIX + name,
                 type=like.type,
                 shape=like.shape,
                 const_value=ir.LazyTensor(
