@@ -54,7 +54,9 @@ def test_draft_catches_up_after_lookup_steps(qwen3_engine, monkeypatch):
     from dflash_cli.decoding.hybrid import HybridProposer
 
     calls = iter(range(10**6))
-    monkeypatch.setattr(HybridProposer, "use_lookup", lambda self, n: next(calls) % 3 != 2)
+    monkeypatch.setattr(
+        HybridProposer, "choose", lambda self, n: ("lookup" if next(calls) % 3 != 2 else "dflash", self.block)
+    )
     prompt = [5, 6, 7, 8] * 6
     hybrid = qwen3_engine.generate(prompt, mode="hybrid", max_new_tokens=MAX_NEW)
     assert hybrid.step_sources[:3] == ["lookup", "lookup", "dflash"]
@@ -63,19 +65,70 @@ def test_draft_catches_up_after_lookup_steps(qwen3_engine, monkeypatch):
     assert hybrid.tokens == dflash_only.tokens
 
 
-def test_decision_weighs_extra_tokens_against_the_draft_cost():
-    from dflash_cli.decoding.hybrid import HybridProposer, HybridStats
+def _stats_with(block: int, lookup: dict[int, int], dflash: dict[int, int], steps: int = 20):
+    """HybridStats whose sources commit exactly the given tokens per step, for match lengths n."""
+    from dflash_cli.decoding.hybrid import HybridStats
 
-    stats = HybridStats(block_size=16)
-    stats.lookup[0] = [10.0, 10]  # lookup without a match: 1 token a step
-    stats.dflash[0] = [30.0, 10]  # the draft there: 3 tokens a step
-    stats.lookup[5] = [80.0, 10]  # a long match: 8 tokens a step
+    stats = HybridStats(block_size=block)
+    for table, counts in ((stats.lookup, lookup), (stats.dflash, dflash)):
+        for n, count in counts.items():
+            for _ in range(steps):
+                table[n].add(count, exact=True)
+    return stats
+
+
+def test_decision_weighs_extra_tokens_against_the_draft_cost():
+    from dflash_cli.decoding.hybrid import HybridProposer
+
+    stats = _stats_with(16, lookup={0: 1, 5: 8}, dflash={0: 3, 5: 3})
     stats.t_draft = [0.5, 10]  # 50 ms a draft
+    stats.add_verify(16, 0.01)
     hybrid = HybridProposer(types.SimpleNamespace(draft=None), 16, stats)
-    hybrid.rate = 20.0  # tokens/s lately: 2 extra tokens are worth 100 ms > 50 ms
-    assert not hybrid.use_lookup(0) and hybrid.use_lookup(5)
-    hybrid.rate = 50.0  # ... now they are worth 40 ms < 50 ms
-    assert hybrid.use_lookup(0)
+    stats.recent = [20.0, 1.0]  # tokens/s lately: ~2 extra tokens are worth ~100 ms > 50 ms
+    assert hybrid.choose(0) == ("dflash", 16) and hybrid.choose(5) == ("lookup", 16)
+    stats.recent = [50.0, 1.0]  # ... now they are worth ~40 ms < 50 ms
+    assert hybrid.choose(0) == ("lookup", 16)
+
+
+def test_short_verify_where_the_session_takes_any_length():
+    """With calls of any length, a step that will commit ~1 token verifies 2, not the whole block;
+    a long match still verifies the whole block. A static session always verifies the block."""
+    from dflash_cli.decoding.hybrid import HybridProposer
+
+    stats = _stats_with(8, lookup={0: 1, 5: 8}, dflash={0: 1, 5: 1})
+    stats.t_draft = [0.5, 10]
+    for length, ms in ((2, 2.9), (8, 4.0)):
+        stats.add_verify(length, ms / 1000)
+    stats.recent = [300.0, 1.0]
+    variable = HybridProposer(types.SimpleNamespace(draft=None), 8, stats, variable_length=True)
+    assert variable.choose(0) == ("lookup", 2) and variable.choose(5) == ("lookup", 8)
+    fixed = HybridProposer(types.SimpleNamespace(draft=None), 8, stats, variable_length=False)
+    assert fixed.choose(0) == ("lookup", 8)
+
+
+def test_untried_verify_lengths_are_guessed_optimistically():
+    from dflash_cli.decoding.hybrid import HybridStats
+
+    stats = HybridStats(block_size=8)
+    assert stats.verify_seconds(4) is None
+    stats.add_verify(8, 0.004)
+    assert stats.verify_seconds(2) == 0.001  # below the shortest tried: proportional, so it gets tried
+    stats.add_verify(2, 0.003)
+    assert abs(stats.verify_seconds(5) - 0.0035) < 1e-12  # between: interpolated
+    assert stats.verify_seconds(2) == 0.003
+
+
+def test_survival_counts_short_verifies_as_at_least():
+    """A fully accepted short verify says "at least L", so it does not drag the estimate down to L."""
+    from dflash_cli.decoding.hybrid import Survival
+
+    exact, censored = Survival(8, prior=6), Survival(8, prior=6)
+    for _ in range(50):
+        exact.add(2, exact=True)
+        censored.add(2, exact=False)
+    assert exact.expected(8) < 2.2
+    assert censored.expected(8) > 5.0
+    assert Survival(8, prior=3).expected(2) == 2.0 and Survival(8, prior=3).expected(8) == 3.0
 
 
 def test_lookup_reports_its_match_length():

@@ -17,6 +17,8 @@ class Session(Protocol):
     name: str  # "target" | "draft"
     input_names: list[str]  # non-cache inputs
     output_names: list[str]  # non-cache outputs
+    # Optional `variable_length: bool`: True where a call may carry any number of tokens (callers then
+    # skip padding to the graph's fixed length); absent means fixed shapes.
 
     def reset(self) -> None:
         """Zero the retained KV cache (start of a new sequence)."""

@@ -34,6 +34,8 @@ def is_prefix_graph(onnx_path: Path) -> bool:
 
 
 class OrtPrefixSession:
+    variable_length = True  # calls of any number of tokens: nothing is padded to a fixed shape
+
     def __init__(
         self,
         onnx_path: Path,

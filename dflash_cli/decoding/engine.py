@@ -205,7 +205,8 @@ class Engine:
             proposer = DFlashProposer(TimedSession(self.draft), self.block_size, self.mask_token_id, self.prefill_len)
             if mode == "hybrid":
                 self.hybrid_stats = self.hybrid_stats or HybridStats(self.block_size)
-                proposer = HybridProposer(proposer, self.block_size, self.hybrid_stats)
+                variable = getattr(self.target, "variable_length", False)
+                proposer = HybridProposer(proposer, self.block_size, self.hybrid_stats, variable)
         else:
             from dflash_cli.decoding.prompt_lookup import PromptLookupDrafter
 

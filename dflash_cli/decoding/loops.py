@@ -118,7 +118,7 @@ class DFlashProposer:
         """Another drafter proposes this step: a block drafted ahead is stale."""
         self._ready = None
 
-    def verified(self, committed: list[int]) -> None:
+    def verified(self, committed: list[int], verify_s: float) -> None:
         pass  # the draft learns nothing from the verdict
 
     def _draft(self, last: int, pos: int) -> list[int]:
@@ -127,14 +127,22 @@ class DFlashProposer:
         result = None
         if len(self._pending) > 1:  # consecutive positions: one array, sent in as few calls as fit
             self._pending = [(np.concatenate([f for f, _ in self._pending]), self._pending[0][1])]
+        variable = getattr(self.draft.session, "variable_length", False)
         for feats, first in self._pending:
-            # After prefill the context comes in prefill-sized chunks; after a verify it fits one block.
-            chunk = self.prefill_len if len(feats) > self.block else self.block
+            # Fixed shapes: after prefill the context comes in prefill-sized chunks; after a verify it fits
+            # one block. A session of variable length takes it all in one call (after a run of lookup steps
+            # one call over 256 positions costs what two 64-position calls do), padded to a block at least:
+            # the draft's prefix graph cannot take a call whose context and cache hold fewer than a block.
+            if variable:
+                chunk = max(len(feats), self.block)
+            else:
+                chunk = self.prefill_len if len(feats) > self.block else self.block
             for s in range(0, len(feats), chunk):
                 part = feats[s : s + chunk]
-                ctx = np.zeros((1, chunk, part.shape[-1]), dtype=part.dtype)
+                width = max(len(part), self.block) if variable else chunk
+                ctx = np.zeros((1, width, part.shape[-1]), dtype=part.dtype)
                 ctx[0, : len(part)] = part
-                _, cpos = padded([0] * len(part), first + s, chunk)
+                _, cpos = padded([0] * len(part), first + s, width)
                 result = self.draft.run(
                     {"input_ids": ids, "position_ids": bpos, "context_features": ctx, "context_position_ids": cpos}
                 )
@@ -159,7 +167,7 @@ class LookupProposer:
     def propose(self, history: list[int], last: int, pos: int) -> list[int]:
         return list(self.drafter.propose(history))
 
-    def verified(self, committed: list[int]) -> None:
+    def verified(self, committed: list[int], verify_s: float) -> None:
         pass
 
 
@@ -172,26 +180,32 @@ def generate_speculative(
     t0 = time.perf_counter()
     res = prefill(target, prompt, prefill_len)
     out.commit([sampler.pick(res.get("logits", [None])[-1], res["tokens"][-1])])
-    pos, accepts = len(prompt), []
+    pos, accepts, verify_lengths = len(prompt), [], []
     proposer.start(res["context_features"], out.tokens[-1], pos)
     t1 = time.perf_counter()
     target.reset_counters()
     if draft_timer:
         draft_timer.reset_counters()
+    # A session that takes calls of any length verifies only what was proposed; a static graph
+    # verifies the whole block with padding (position -1) after a shorter proposal.
+    variable = getattr(target.session, "variable_length", False)
     while not out.done:
         last = out.tokens[-1]
-        proposal = proposer.propose(prompt + out.tokens, last, pos)
-        ids, bpos = padded([last, *proposal], pos, block)
+        proposal = proposer.propose(prompt + out.tokens, last, pos)[: block - 1]
+        length = len(proposal) + 1
+        ids, bpos = padded([last, *proposal], pos, length if variable else block)
+        before = target.seconds
         ver = target.run({"input_ids": ids, "position_ids": bpos})
         logits = ver.get("logits")
         committed = []
-        for i in range(block):
+        for i in range(length):
             y = sampler.pick(None if logits is None else logits[0, i], ver["tokens"][0, i])
             committed.append(y)
-            if i == block - 1 or proposal[i] != y:
+            if i == length - 1 or proposal[i] != y:
                 break
         accepts.append(len(committed))
-        proposer.verified(committed)
+        verify_lengths.append(length)
+        proposer.verified(committed, target.seconds - before)
         proposer.observe(ver["context_features"][0, : len(committed)], pos)
         out.commit(committed)
         pos += len(committed)
@@ -209,5 +223,6 @@ def generate_speculative(
         draft_calls=draft_timer.calls if draft_timer else 0,
         draft_s=draft_timer.seconds if draft_timer else 0.0,
         step_sources=list(getattr(proposer, "sources", [])),
+        verify_lengths=verify_lengths,
         stopped=out.stopped,
     )

@@ -80,6 +80,8 @@ class PromptLookupDrafter:
             longest = max(longest, m)
             for n in range(self.min_ngram, min(m, top) + 1):
                 latest.setdefault(n, end)
+            if longest == cap and len(latest) == top - self.min_ngram + 1:
+                break  # nothing earlier can match longer or later
         evidence = min(longest, evidence_max)
         if want == 0:
             return [], evidence

@@ -19,6 +19,7 @@ class GenerationResult:
     draft_calls: int = 0
     draft_s: float = 0.0  # seconds inside draft session calls (incl. context updates)
     step_sources: list[str] = field(default_factory=list)  # hybrid: who proposed each verify step
+    verify_lengths: list[int] = field(default_factory=list)  # tokens each verify checked (proposal + 1)
     stopped: str = "length"  # "length" | "stop_token" | whatever on_commit returned ("stop_string", ...)
 
     @property
