@@ -185,4 +185,5 @@ def test_bench_reports_hybrid_with_its_source_split(qwen3_engine, tmp_path):
     sources = hybrid["sources"]
     assert sum(s["steps"] for s in sources.values()) == hybrid["steps"]
     assert abs(sum(s["share"] for s in sources.values()) - 1) < 1e-9
+    assert all(2 <= s["mean_verify_tokens"] <= qwen3_engine.block_size for s in sources.values())
     assert doc["lossless"]["mismatches"] == []

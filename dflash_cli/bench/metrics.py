@@ -175,9 +175,12 @@ def ceiling_speedup(tau: float, t1: float, t_verify: float, t_draft: float) -> f
 def source_split(results: list[GenerationResult]) -> dict[str, dict[str, float]]:
     """Hybrid runs: per proposer, its verify steps, their share, and its mean acceptance length."""
     steps: dict[str, list[int]] = {}
+    verified: dict[str, list[int]] = {}
     for r in results:
-        for source, accepted in zip(r.step_sources, r.accept_lengths):
+        lengths = r.verify_lengths or [r.block_size] * len(r.accept_lengths)
+        for source, accepted, length in zip(r.step_sources, r.accept_lengths, lengths):
             steps.setdefault(source, []).append(accepted)
+            verified.setdefault(source, []).append(length)
     total = sum(len(v) for v in steps.values())
     return {
         source: {
@@ -185,6 +188,7 @@ def source_split(results: list[GenerationResult]) -> dict[str, dict[str, float]]
             "share": len(v) / total if total else 0.0,
             "mean_acceptance_length": sum(v) / len(v),
             "committed_tokens": sum(v),
+            "mean_verify_tokens": sum(verified[source]) / len(v),
         }
         for source, v in sorted(steps.items())
     }

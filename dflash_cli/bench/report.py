@@ -71,7 +71,8 @@ def report_renderables(doc: dict[str, Any]) -> list[RenderableType]:
 def sources_line(sources: dict[str, dict[str, float]]) -> Text:
     """Hybrid: which proposer took how many steps, and how far each one's proposals were accepted."""
     parts = [
-        f"{name} {s['share'] * 100:.0f}% of steps (tau {s['mean_acceptance_length']:.2f})"
+        f"{name} {s['share'] * 100:.0f}% of steps (tau {s['mean_acceptance_length']:.2f}"
+        + (f", {s['mean_verify_tokens']:.1f} tokens verified)" if "mean_verify_tokens" in s else ")")
         for name, s in sources.items()
     ]
     return Text("hybrid proposers: " + ", ".join(parts))
