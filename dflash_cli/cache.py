@@ -61,6 +61,51 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
+# sha256 of files this process wrote and hashed on the way out (HashingWriter), by (inode, size,
+# mtime_ns): publish() takes them instead of reading the bytes again. A file changed since has
+# another mtime or size, so a stale entry is never used.
+_FRESH_DIGESTS: dict[tuple[int, int, int], str] = {}
+
+
+class HashingWriter:
+    """A binary file written through a background sha256 (hashlib releases the GIL on large
+    buffers), so the 2-3 GB an export writes are hashed while the next tensor is read and converted,
+    not read back and hashed at publish. Buffers handed to `write` must not change afterwards."""
+
+    def __init__(self, path: Path, depth: int = 2) -> None:
+        import queue
+        import threading
+
+        self.path = path
+        self._file = path.open("wb")
+        self._digest = hashlib.sha256()
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)  # bounds the blocks held for hashing
+        self._thread = threading.Thread(target=self._hash, daemon=True)
+        self._thread.start()
+
+    def _hash(self) -> None:
+        while (block := self._queue.get()) is not None:
+            self._digest.update(block)
+
+    def write(self, block) -> None:
+        self._file.write(block)
+        self._queue.put(block)
+
+    def close(self, ok: bool = True) -> None:
+        self._queue.put(None)
+        self._thread.join()
+        self._file.close()
+        if ok:
+            st = self.path.stat()
+            _FRESH_DIGESTS[(st.st_ino, st.st_size, st.st_mtime_ns)] = self._digest.hexdigest()
+
+    def __enter__(self) -> HashingWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(ok=exc_type is None)
+
+
 _AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
@@ -275,13 +320,15 @@ class Cache:
         """Hash every output, write the manifest last, rename tmp into place. Returns (path, manifest).
 
         `known` maps (inode, size, mtime_ns) to the sha256 an upstream manifest recorded: a file
-        hard-linked from an upstream artifact is the same inode and is not hashed again.
+        hard-linked from an upstream artifact is the same inode and is not hashed again; nor is a file
+        this process wrote through a HashingWriter.
         """
         outputs = []
         for file in sorted(p for p in tmp.rglob("*") if p.is_file() and p.name != MANIFEST):
             rel = file.relative_to(tmp).as_posix()
             st = file.stat()
-            digest = (known or {}).get((st.st_ino, st.st_size, st.st_mtime_ns)) or sha256_file(file)
+            ident = (st.st_ino, st.st_size, st.st_mtime_ns)
+            digest = (known or {}).get(ident) or _FRESH_DIGESTS.pop(ident, None) or sha256_file(file)
             outputs.append(
                 {
                     "path": rel,

@@ -47,9 +47,11 @@ def write_initializers(
     """
     import onnx_ir as ir
 
+    from dflash_cli.cache import HashingWriter
+
     inits = list(model.graph.initializers.values())
     offset = 0
-    with (out_dir / data_name).open("wb") as f:
+    with HashingWriter(out_dir / data_name) as f:
         for i, value in enumerate(inits):
             src = sources.get(value.name)
             if value.const_value.nbytes < INLINE_BELOW:
@@ -65,7 +67,7 @@ def write_initializers(
                 blocks = src.produce() if src is not None else [value.const_value.tobytes()]
                 length = 0
                 for block in blocks:
-                    f.write(memoryview(block).cast("B") if not isinstance(block, bytes) else block)
+                    f.write(block if isinstance(block, bytes) else memoryview(block).cast("B"))
                     length += block.nbytes if not isinstance(block, bytes) else len(block)
                 if length != value.const_value.nbytes:
                     raise RuntimeError(f"{value.name}: wrote {length} bytes, expected {value.const_value.nbytes}")

@@ -8,6 +8,7 @@ TorchScript exporter) needs real weights and is kept for small models and as a f
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -51,7 +52,7 @@ def export_streamed(
     past_len = torch.export.Dim("past_len", min=1, max=1 << 20)
     dynamic = {_arg(n): ({symbolic_inputs[n]: seq} if n in symbolic_inputs else None) for n in input_names}
     dynamic |= {_arg(n): {1: past_len} for n in past_len_inputs}
-    with warnings.catch_warnings(), torch.no_grad():
+    with warnings.catch_warnings(), torch.no_grad(), _one_op_registry():
         warnings.simplefilter("ignore")
         try:
             program = torch.onnx.export(
@@ -114,6 +115,35 @@ def export_streamed(
     ir.save(model, str(path))
     _name_seq_dims(path)
     return nbytes
+
+
+_REGISTRIES: dict = {}  # opset -> torch.onnx's table of ATen -> ONNX functions, built once per process
+
+
+@contextlib.contextmanager
+def _one_op_registry():
+    """Let torch.onnx build its op registry once per process instead of once per export call (~1 s of
+    every call on 2 cores, four calls a build). Private API: when it moves, each call builds its own."""
+    try:
+        from torch.onnx._internal.exporter import _registration
+
+        cls = _registration.ONNXRegistry
+        original = cls.__dict__["from_torchlib"]
+    except (ImportError, AttributeError, KeyError):
+        yield
+        return
+
+    def from_torchlib(klass, *args, **kwargs):
+        key = (args, tuple(sorted(kwargs.items())))
+        if key not in _REGISTRIES:
+            _REGISTRIES[key] = original.__func__(klass, *args, **kwargs)
+        return _REGISTRIES[key]
+
+    cls.from_torchlib = classmethod(from_torchlib)
+    try:
+        yield
+    finally:
+        cls.from_torchlib = original
 
 
 def _optimize(model, should_fold) -> None:

@@ -1,0 +1,57 @@
+"""Files written through HashingWriter are hashed on the way out, and publish() trusts that digest
+only while the file is unchanged."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from dflash_cli import cache as cache_mod
+from dflash_cli.cache import Cache, HashingWriter, sha256_file
+
+
+def test_digest_equals_reading_the_file_back(tmp_path):
+    path = tmp_path / "w.data"
+    blocks = [np.arange(n, dtype=np.float32) for n in (1, 70000, 3)]
+    with HashingWriter(path) as f:
+        for b in blocks:
+            f.write(memoryview(b).cast("B"))
+        f.write(b"\0" * 17)
+    st = path.stat()
+    assert cache_mod._FRESH_DIGESTS[(st.st_ino, st.st_size, st.st_mtime_ns)] == sha256_file(path)
+
+
+def test_publish_uses_the_fresh_digest_and_ignores_it_once_the_file_changed(tmp_path):
+    cache = Cache(tmp_path / "cache")
+    with cache.staging("export", "k1") as tmp:
+        with HashingWriter(tmp / "a.data") as f:
+            f.write(b"x" * 1000)
+        st = (tmp / "a.data").stat()
+        ident = (st.st_ino, st.st_size, st.st_mtime_ns)
+        cache_mod._FRESH_DIGESTS[ident] = "0" * 64  # what publish must take without re-reading
+        _, manifest = cache.publish(tmp, "export", "k1", {}, 0.0)
+    assert manifest["outputs"][0]["sha256"] == "0" * 64
+    assert ident not in cache_mod._FRESH_DIGESTS  # used once
+    with cache.staging("export", "k2") as tmp:
+        with HashingWriter(tmp / "b.data") as f:
+            f.write(b"y" * 1000)
+        st = (tmp / "b.data").stat()
+        cache_mod._FRESH_DIGESTS[(st.st_ino, st.st_size, st.st_mtime_ns)] = "0" * 64
+        with (tmp / "b.data").open("r+b") as g:  # changed after writing: another mtime
+            g.write(b"z")
+        os.utime(tmp / "b.data", ns=(st.st_atime_ns, st.st_mtime_ns + 1000))
+        _, manifest = cache.publish(tmp, "export", "k2", {}, 0.0)
+    assert manifest["outputs"][0]["sha256"] == sha256_file(cache.path_for("export", "k2") / "b.data")
+
+
+def test_a_failed_write_records_no_digest(tmp_path):
+    path = tmp_path / "w.data"
+    before = dict(cache_mod._FRESH_DIGESTS)
+    try:
+        with HashingWriter(path) as f:
+            f.write(b"abc")
+            raise RuntimeError("killed")
+    except RuntimeError:
+        pass
+    assert cache_mod._FRESH_DIGESTS == before
