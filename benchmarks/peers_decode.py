@@ -1,4 +1,4 @@
-"""Plain greedy decode speed, dflash vs ONNX Runtime GenAI, interleaved on one checkpoint.
+"""Plain greedy decode speed, dflash vs ONNX Runtime GenAI (and llama.cpp), interleaved on one checkpoint.
 
 Runs in a benchmark venv that has both dflash and onnxruntime-genai (never a dflash dependency):
 
@@ -12,6 +12,12 @@ allow_spinning off (the default, right for DFlash's two sessions) and on (plain'
 Decode tok/s excludes the prompt and the first token. Reported: medians and ratios to GenAI per
 precision, and the dflash-vs-GenAI token agreement (random weights: both are greedy on the same
 weights; fp32 should agree, int4 quantisers differ).
+
+With --llama-cpp SRC (a llama.cpp source tree, e.g. the `vendor/llama.cpp` of the llama-cpp-python
+sdist: `pip download llama-cpp-python --no-binary :all:`), llama.cpp joins the rounds too (installed
+by `PEERS_LLAMA_CPP=1 bash benchmarks/peers_setup.sh`): the target converted to GGUF f32 by the tree's
+convert_hf_to_gguf.py and quantised to --llama-quants (q8_0, q4_0) through llama_cpp's quantise call,
+run with 2 threads (this machine's cores) through llama-cpp-python, same prompt ids, greedy.
 """
 
 from __future__ import annotations
@@ -55,6 +61,61 @@ def dflash_engine(pair: Path, work: Path, precision: str, spinning: bool):
     return Engine.load(r, cache)
 
 
+def llama_model(pair: Path, work: Path, src: Path, quant: str) -> Path:
+    """GGUF of the target: converted at f32 once, then quantised with llama.cpp's own quantiser."""
+    f32 = work / "llama-f32.gguf"
+    if not f32.is_file():
+        # A random pair's tokenizer is not one convert_hf_to_gguf knows by hash; its pre-tokenizer is
+        # Qwen2's (byte-level BPE), and the benchmark feeds token ids anyway, so the text side only
+        # has to load.
+        shim = (
+            "import sys, runpy; sys.path[:0] = [sys.argv[1], sys.argv[1] + '/gguf-py']\n"
+            "from conversion import base\n"
+            "known = base.TextModel.get_vocab_base_pre\n"
+            "def pre(self, tok):\n"
+            "    try:\n        return known(self, tok)\n"
+            "    except NotImplementedError:\n        return 'qwen2'\n"
+            "base.TextModel.get_vocab_base_pre = pre\n"
+            # A random pair's tokenizer has a vocabulary and no merges; llama.cpp insists on the key.
+            "import gguf\n"
+            "add = gguf.SpecialVocab.add_to_gguf\n"
+            "def add_to_gguf(self, gw, quiet=False):\n"
+            "    self.merges = self.merges or ['! \"']\n"
+            "    return add(self, gw, quiet)\n"
+            "gguf.SpecialVocab.add_to_gguf = add_to_gguf\n"
+            "sys.argv = [sys.argv[1] + '/convert_hf_to_gguf.py'] + sys.argv[2:]\n"
+            "runpy.run_path(sys.argv[0], run_name='__main__')\n"
+        )
+        cmd = [sys.executable, "-c", shim, str(src), str(pair / "target"), "--outtype", "f32", "--outfile", str(f32)]
+        subprocess.run(cmd, check=True)
+    if quant == "f32":
+        return f32
+    out = work / f"llama-{quant}.gguf"
+    if not out.is_file():
+        import llama_cpp
+
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype = {"q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0, "q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0}[quant]
+        params.nthread = 2
+        if llama_cpp.llama_model_quantize(str(f32).encode(), str(out).encode(), params) != 0:
+            raise SystemExit(f"llama.cpp could not quantise {f32} to {quant}")
+    return out
+
+
+def run_llama(llm, prompt: list[int], new: int) -> tuple[list[int], float, float]:
+    tokens = []
+    t0 = time.perf_counter()
+    t1 = t0
+    for tok in llm.generate(prompt, top_k=1, top_p=1.0, temp=0.0, repeat_penalty=1.0, reset=True):
+        tokens.append(int(tok))
+        if len(tokens) == 1:
+            t1 = time.perf_counter()
+        if len(tokens) == new:
+            break
+    t2 = time.perf_counter()
+    return tokens, t1 - t0, t2 - t1
+
+
 def run_genai(model, prompt: list[int], new: int) -> tuple[list[int], float, float]:
     import onnxruntime_genai as og
 
@@ -81,6 +142,9 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--prompt-tokens", type=int, default=100)
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--llama-cpp", type=Path, help="llama.cpp source tree (its converter); adds llama.cpp")
+    ap.add_argument("--llama-quants", default="f32,q8_0,q4_0")
+    ap.add_argument("--threads", type=int, default=2, help="llama.cpp threads (ORT uses its own default)")
     args = ap.parse_args()
     import onnxruntime_genai as og
 
@@ -93,6 +157,15 @@ def main() -> None:
         for spinning in (False, True):
             e = dflash_engine(args.pair, args.work, precision, spinning)
             engines[f"dflash {precision} plain, spinning {'on' if spinning else 'off'}"] = ("dflash", e)
+    if args.llama_cpp:
+        import llama_cpp
+
+        for quant in args.llama_quants.split(","):
+            path = llama_model(args.pair, args.work, args.llama_cpp, quant)
+            llm = llama_cpp.Llama(
+                str(path), n_ctx=1024, n_threads=args.threads, n_threads_batch=args.threads, verbose=False
+            )
+            engines[f"llama.cpp {quant}"] = ("llama", llm)
     first = next(e for kind, e in engines.values() if kind == "dflash")
     prompt = corpus_tokens(lambda text: list(first.tokenizer(text)["input_ids"]), args.prompt_tokens)
     rates: dict[str, list[float]] = {name: [] for name in engines}
@@ -101,6 +174,8 @@ def main() -> None:
         for name, (kind, e) in engines.items():
             if kind == "genai":
                 tokens, _, decode_s = run_genai(e, prompt, args.new)
+            elif kind == "llama":
+                tokens, _, decode_s = run_llama(e, prompt, args.new)
             else:
                 g = e.generate(prompt, mode="plain", max_new_tokens=args.new)
                 tokens, decode_s = g.tokens, g.decode_s
@@ -115,20 +190,24 @@ def main() -> None:
         "reps": args.reps,
         "engines": {},
     }
+    # The closest llama.cpp precision to each of ours.
+    closest = {"fp32": "llama.cpp f32", "int4": "llama.cpp q4_0", "int8": "llama.cpp q8_0"}
     for name, r in rates.items():
         precision = name.split()[1]
-        ref = statistics.median(rates[f"genai {precision}"])
-        same = sum(a == b for a, b in zip(outputs[name], outputs[f"genai {precision}"]))
-        doc["engines"][name] = {
-            "decode_tok_s_median": statistics.median(r),
-            "range": [min(r), max(r)],
-            "vs_genai": statistics.median(r) / ref,
-            "tokens_equal_to_genai": f"{same}/{len(outputs[name])}",
-        }
-        print(
-            f"{name:40s} {statistics.median(r):7.2f} tok/s  [{min(r):.2f}, {max(r):.2f}]  "
-            f"{statistics.median(r) / ref:.2f}x GenAI  tokens equal to GenAI {same}/{len(outputs[name])}"
-        )
+        entry = {"decode_tok_s_median": statistics.median(r), "range": [min(r), max(r)]}
+        line = f"{name:40s} {statistics.median(r):7.2f} tok/s  [{min(r):.2f}, {max(r):.2f}]"
+        if f"genai {precision}" in rates:
+            ref = statistics.median(rates[f"genai {precision}"])
+            same = sum(a == b for a, b in zip(outputs[name], outputs[f"genai {precision}"]))
+            entry |= {"vs_genai": statistics.median(r) / ref, "tokens_equal_to_genai": f"{same}/{len(outputs[name])}"}
+            line += f"  {statistics.median(r) / ref:.2f}x GenAI  tokens equal to GenAI {same}/{len(outputs[name])}"
+        peer = closest.get(precision)
+        if name.startswith("dflash") and peer in rates:
+            ratio = statistics.median(r) / statistics.median(rates[peer])
+            entry[f"vs_{peer.replace(' ', '_')}"] = ratio
+            line += f"  {ratio:.2f}x {peer}"
+        doc["engines"][name] = entry
+        print(line)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(doc, indent=2) + "\n")

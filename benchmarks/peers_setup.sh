@@ -10,7 +10,17 @@ VENV=${BENCH_VENV:-.bench-venv}
 test -x "$VENV/bin/python" || python3 -m venv "$VENV"
 "$VENV/bin/pip" install -q torch==2.13.0
 "$VENV/bin/pip" install -q -e . onnxruntime-genai
+LLAMA_ARG=""
 if [ "${PEERS_LLAMA_CPP:-0}" = 1 ]; then
-  "$VENV/bin/pip" install -q llama-cpp-python
+  "$VENV/bin/pip" install -q llama-cpp-python gguf sentencepiece
+  # The converter to GGUF ships in llama.cpp's source tree (vendored in the sdist), not in the wheel.
+  SRC=${LLAMA_CPP_SRC_DIR:-.bench-llama-src}
+  if [ ! -f "$SRC"/llama_cpp_python-*/vendor/llama.cpp/convert_hf_to_gguf.py ]; then
+    mkdir -p "$SRC"
+    "$VENV/bin/pip" download -q llama-cpp-python --no-deps --no-binary :all: -d "$SRC"
+    tar xzf "$SRC"/llama_cpp_python-*.tar.gz -C "$SRC" --wildcards '*/vendor/llama.cpp/convert_hf_to_gguf.py' \
+      '*/vendor/llama.cpp/gguf-py/*' '*/vendor/llama.cpp/conversion/*'
+  fi
+  LLAMA_ARG=" --llama-cpp $(ls -d "$SRC"/llama_cpp_python-*/vendor/llama.cpp | head -1)"
 fi
-echo "ready: $VENV/bin/python benchmarks/peers_decode.py --pair PAIR_DIR --work WORK_DIR"
+echo "ready: $VENV/bin/python benchmarks/peers_decode.py --pair PAIR_DIR --work WORK_DIR$LLAMA_ARG"
