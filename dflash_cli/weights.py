@@ -108,11 +108,14 @@ class WeightStore:
         return tensor if dtype is None or tensor.dtype == dtype else tensor.to(dtype)
 
     def iter_rows(
-        self, name: str, dtype: torch.dtype, rows: int | None = None, chunk_bytes: int = 64 << 20
+        self, name: str, dtype: torch.dtype, rows: int | None = None, chunk_bytes: int = 8 << 20
     ) -> Iterator[torch.Tensor]:
         """The tensor (its first `rows` rows when given) in row blocks of about `chunk_bytes`, in `dtype`.
 
-        Only one block is ever converted at a time, so a 2 GB embedding costs ~64 MB to stream.
+        Only one block is ever converted at a time, so a 2 GB embedding costs ~8 MB to stream. Blocks
+        stay well under glibc's largest mmap threshold (32 MB), so their memory is reused from the heap:
+        64 MB blocks were fresh mappings each, and writing the 0.6B shape's 2.4 GB cost 5.8 s of system
+        time in page faults instead of 1.6 s.
         """
         from safetensors import SafetensorError
 

@@ -127,7 +127,6 @@ def test_twin_validation_passes_and_catches_a_bad_weight(tiny_llama_pair: TinyPa
         return lambda: (block * 1.5 for block in produce())
 
     monkeypatch.setattr(graphs, "_reader", corrupt)
-    monkeypatch.setattr(validate, "TWIN_IN_PROCESS", True)  # the patched reader lives in this process
     with pytest.raises(ExportValidationError, match="export validation failed"):
         build_recipe(tiny_llama_pair, tmp_path / "bad")
 

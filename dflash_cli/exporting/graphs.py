@@ -47,12 +47,15 @@ def export_pair(
     layer_ids: list[int] | None = None,
     rows: int | None = None,
     prefix_graphs: bool = True,
+    twin=None,
 ) -> dict[str, Any]:
     """Export both graphs; returns per-graph facts (io names, layers, heads, bytes written, seconds).
 
     With `prefix_graphs`, also `target_prefix.onnx` / `draft_prefix.onnx`: the same models in the
     prefix-cache form ONNX Runtime runs (cost in proportion to the filled cache, no cache copy), whose
-    weights are the ones target.onnx.data / draft.onnx.data already hold.
+    weights are the ones target.onnx.data / draft.onnx.data already hold. With `twin`
+    (twin_graphs.TwinGraphs), the validation twin's static graphs are grown from the same traced
+    layers (`twin.made` names the graphs it got; the caller exports the rest itself).
     """
     from dflash_cli.modeling.layers import Rotary
     from dflash_cli.modeling.loading import build_draft, build_target, draft_config, draft_store_name, target_config
@@ -102,8 +105,9 @@ def export_pair(
                 # Trace one layer and copy it to the real depth (exporting/replicate.py): minutes -> seconds.
                 stand_in.use_prefix_cache(flavour == "_prefix")
                 plan = _layer_plan(gname, module, ins, outs)
+                hook = twin.hook(gname, store, rename) if twin is not None and not flavour else None
                 try:
-                    nbytes = _export(stand_in, plan, *job)
+                    nbytes = _export(stand_in, plan, *job, on_template=hook)
                 except ReplicationError as exc:
                     progress(f"{gname}{flavour}.onnx: tracing every layer ({exc})")
             if nbytes is None:
@@ -118,7 +122,9 @@ def export_pair(
     return graphs
 
 
-def _export(module, plan, gname, flavour, shape, dtype, sym, out, sources, written, opset, report) -> int:
+def _export(
+    module, plan, gname, flavour, shape, dtype, sym, out, sources, written, opset, report, on_template=None
+) -> int:
     ins, outs = module.io_names()
     example = _example_inputs(gname, module, shape, dtype, prefix_cache=flavour == "_prefix")
     past = tuple(n for n in ins if n.startswith("past_")) if flavour else ()
@@ -135,6 +141,7 @@ def _export(module, plan, gname, flavour, shape, dtype, sym, out, sources, writt
         progress=report,
         past_len_inputs=past,
         replicate=plan,
+        on_template=on_template,
     )
 
 

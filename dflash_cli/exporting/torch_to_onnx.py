@@ -37,13 +37,15 @@ def export_streamed(
     progress: Callable[[int, int, int], None] | None = None,
     past_len_inputs: tuple[str, ...] = (),
     replicate=None,
+    on_template=None,
 ) -> int:
     """Trace `module` (parameters on the meta device) and write `path` + `path.data`; returns data bytes.
 
     `sources` maps a parameter/buffer name of `module` to the producer of its bytes. `past_len_inputs`
     get a second symbolic dim, `past_len`, on axis 1 (the prefix-cache graphs' filled slots).
     With `replicate` (a replicate.LayerPlan), `module` is a one-layer stand-in of the real model and
-    its traced layer is copied to the real depth before the weights are written.
+    its traced layer is copied to the real depth before the weights are written; `on_template(model,
+    by_graph_name)` sees the traced one-layer graph first (it may clone it, not change it).
     """
     import onnx_ir as ir
     import onnxscript.rewriter.onnx_fusions
@@ -91,30 +93,54 @@ def export_streamed(
     _optimize(model, should_fold=lambda node: False if weights & set(node.inputs) else None)
     onnxscript.rewriter.onnx_fusions.fuse(model)
     if replicate is not None:
-        from dflash_cli.exporting.replicate import replicate_layers
+        if on_template is not None:
+            on_template(model, by_graph_name)  # e.g. the validation twin, grown from the same traced layer
+        grow_layers(model, replicate, sources, by_graph_name)
+    return save_streamed(model, path, by_graph_name, written, progress)
 
-        def weight_value(name: str, like):
-            tmpl = like.const_value
-            src = sources.get(name)
-            if src is None:
-                raise DFlashError(f"export: no weights for {name}", hint="this is a dflash bug")
-            value = ir.Value(
-                name=WRAPPER_PREFIX + name,
-                type=like.type,
-                shape=like.shape,
-                const_value=ir.LazyTensor(
-                    _reader(src, tmpl.dtype, tuple(tmpl.shape)), dtype=tmpl.dtype, shape=tmpl.shape, name=name
-                ),
-            )
-            model.graph.register_initializer(value)
-            by_graph_name[value.name] = src
-            return value
 
-        replicate_layers(model, replicate, weight_value)
+def grow_layers(model, plan, sources: dict[str, Initializer], by_graph_name: dict[str, Initializer]) -> None:
+    """Copy the traced layer 0 of `model` to `plan.num_layers` layers (replicate.py), each copy's weights
+    read lazily from `sources`; records them in `by_graph_name` for the writer."""
+    import onnx_ir as ir
+
+    from dflash_cli.exporting.replicate import replicate_layers
+
+    def weight_value(name: str, like):
+        tmpl = like.const_value
+        src = sources.get(name)
+        if src is None:
+            raise DFlashError(f"export: no weights for {name}", hint="this is a dflash bug")
+        value = ir.Value(
+            name=WRAPPER_PREFIX + name,
+            type=like.type,
+            shape=like.shape,
+            const_value=ir.LazyTensor(
+                _reader(src, tmpl.dtype, tuple(tmpl.shape)), dtype=tmpl.dtype, shape=tmpl.shape, name=name
+            ),
+        )
+        model.graph.register_initializer(value)
+        by_graph_name[value.name] = src
+        return value
+
+    replicate_layers(model, plan, weight_value)
+
+
+def save_streamed(model, path: Path, by_graph_name, written: WrittenTensors, progress=None) -> int:
+    """Stream the initializers into `path`.data, save the graph at `path`; returns data bytes."""
+    import onnx_ir as ir
+
     nbytes = write_initializers(model, path.parent, path.name + ".data", by_graph_name, written, progress)
     ir.save(model, str(path))
     _name_seq_dims(path)
     return nbytes
+
+
+def lazy_weight(src: Initializer, dtype, shape: tuple[int, ...], name: str):
+    """An onnx_ir tensor whose bytes come from `src` when written."""
+    import onnx_ir as ir
+
+    return ir.LazyTensor(_reader(src, dtype, shape), dtype=dtype, shape=ir.Shape(shape), name=name)
 
 
 _REGISTRIES: dict = {}  # opset -> torch.onnx's table of ATen -> ONNX functions, built once per process

@@ -6,7 +6,6 @@ tolerance fails the stage (the caller raises), never just a warning.
 
 from __future__ import annotations
 
-import os
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,7 +22,6 @@ TOKEN_TOL = {"fp32": 0.0, "fp16": 0.1}
 # layer, exporting/replicate.py, and three layers check a copy reading a copy)...
 TWIN_LAYERS = 3
 TWIN_VOCAB = 4096  # ...and the first vocabulary rows; hidden size, heads, ctx_len and block stay as built
-TWIN_IN_PROCESS = False  # export the twin after the real graphs, in this process (one core; tests that patch it)
 
 
 @dataclass(frozen=True)
@@ -124,12 +122,16 @@ class TwinPlan:
     def of(cls, src: Path, pair: dict) -> TwinPlan:
         from dflash_cli.modeling.loading import draft_config, target_config
 
-        layers = min(target_config(src).num_hidden_layers, TWIN_LAYERS)
+        depth = target_config(src).num_hidden_layers
+        layers = min(depth, TWIN_LAYERS)
+        # A tap of the last layer reads the final norm's output, any other a layer's own output: the
+        # twin keeps that distinction (its last layer for the former, the ones before for the rest), so
+        # its graph is the real export's traced layer grown to the twin's depth (twin_graphs.py).
         return cls(
             layers=layers,
             draft_layers=min(draft_config(src).num_hidden_layers, TWIN_LAYERS),
             rows=min(pair["vocab_size"], TWIN_VOCAB),
-            ids=[min(i, layers - 1) for i in pair["target_layer_ids"]],
+            ids=[layers - 1 if i == depth - 1 else min(i, max(layers - 2, 0)) for i in pair["target_layer_ids"]],
         )
 
     def configs(self, src: Path):
@@ -148,44 +150,38 @@ class TwinPlan:
 
 
 class TwinExport:
-    """The validation twin exported in a second process while the stage exports the real graphs: tracing
-    is single-threaded Python, so on two cores the twin costs no wall time. Its memory is the twin's."""
+    """The validation twin's graphs: grown from the real export's traced layers while it runs
+    (twin_graphs.py), or, for a graph that could not be grown that way, exported here by tracing
+    the twin models (the same code path as the real export, on the twin's configs)."""
 
     def __init__(self, src: Path, out: Path, shape, e, plan: TwinPlan) -> None:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
+        from dflash_cli.exporting.graphs import DTYPES
+        from dflash_cli.exporting.twin_graphs import TwinGraphs
 
         self.plan, self.where = plan, out / "_validation_twin"
         self.where.mkdir()
         self._args = (src, self.where, shape, e.dtype, e.logits, e.opset, plan)
-        self._pool = self._job = None
-        if not TWIN_IN_PROCESS and (os.cpu_count() or 1) >= 2:
-            self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
-            self._job = self._pool.submit(_export_twin, *self._args)
+        self.graphs = TwinGraphs(src, self.where, plan, e.logits, DTYPES[e.dtype])
 
-    def wait(self) -> None:
+    def wait(self, progress=lambda message: None) -> None:
         from dflash_cli.errors import DFlashError
 
-        if self._pool is None:
-            failure = _export_twin(*self._args)
-        else:
-            try:
-                failure = self._job.result()
-            except Exception as exc:  # the worker died (killed, out of memory)
-                failure = f"{type(exc).__name__}: {exc}"
-            finally:
-                self._pool.shutdown()
+        if self.graphs.made >= {"target", "draft"}:
+            return
+        why = "; ".join(f"{g}: {r}" for g, r in self.graphs.skipped.items()) or "a graph was traced whole"
+        progress(f"tracing the validation twin itself ({why})")
+        shutil.rmtree(self.where, ignore_errors=True)
+        self.where.mkdir()
+        failure = _export_twin(*self._args)
         if failure:
             raise DFlashError(f"exporting the validation twin failed: {failure}", hint="DFLASH_DEBUG=1 shows more")
 
     def cancel(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
         shutil.rmtree(self.where, ignore_errors=True)
 
 
 def _export_twin(src: Path, where: Path, shape, dtype: str, logits: bool, opset: int, plan: TwinPlan) -> str:
-    """Worker: export the twin's static graphs; returns "" or the error (exceptions may not unpickle)."""
+    """Export the twin's static graphs by tracing; returns "" or the error."""
     from dflash_cli.exporting.graphs import DTYPES, export_pair
 
     try:
@@ -205,7 +201,7 @@ def _export_twin(src: Path, where: Path, shape, dtype: str, logits: bool, opset:
             prefix_graphs=False,  # the compile stage checks the prefix-cache graphs against the real ones
         )
         return ""
-    except Exception as exc:  # noqa: BLE001 - reported by the parent with its own hint
+    except Exception as exc:  # noqa: BLE001 - reported by the caller with its own hint
         return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
 
@@ -219,9 +215,9 @@ def validate_export(
     if twin is None:
         progress("validating the ONNX graphs against PyTorch and Hugging Face")
         return _run_checks(src, out, shape, e, pair, None, None, None, None), "full"
-    progress(f"validating a {twin.plan.layers}-layer, {twin.plan.rows}-row twin exported by the same code")
+    progress(f"validating a {twin.plan.layers}-layer, {twin.plan.rows}-row twin grown from the same traced layers")
     try:
-        twin.wait()
+        twin.wait(progress)
         tcfg, dcfg = twin.plan.configs(src)
         checks = _run_checks(src, twin.where, shape, e, pair, tcfg, dcfg, twin.plan.ids, twin.plan.rows)
         return checks, twin.plan.describe()

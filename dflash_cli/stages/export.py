@@ -2,10 +2,10 @@
 
 The dynamo path traces on the meta device and streams weights into external data in
 `export.dtype` (see exporting/graphs.py), so memory stays near one tensor plus the validation.
-Validation runs the real graphs when they are small; for larger pairs it exports a *twin* through
-the same code (the first layers and the first vocabulary rows of the same checkpoint, every other
-shape unchanged) and checks it against PyTorch and Hugging Face, so its memory does not grow with depth
-or vocabulary. Either way any output over tolerance fails the stage.
+Validation runs the real graphs when they are small; for larger pairs it checks a *twin* (the first
+layers and the first vocabulary rows of the same checkpoint, every other shape unchanged), grown from
+the same traced layers as the real graphs, against PyTorch and Hugging Face, so its memory does not
+grow with depth or vocabulary. Either way any output over tolerance fails the stage.
 """
 
 from __future__ import annotations
@@ -80,13 +80,20 @@ class ExportStage:
         if e.validate_outputs and _fp32_bytes(src) > FULL_VALIDATION_BYTES:
             from dflash_cli.exporting.validate import TwinExport, TwinPlan
 
-            # Large pairs validate a reduced twin (bounded memory), exported meanwhile in a second process.
+            # Large pairs validate a reduced twin (bounded memory), grown from the layers the export traces.
             twin = TwinExport(src, out, shape, e, TwinPlan.of(src, pair))
         try:
             if e.exporter == "dynamo":
                 ctx.progress(f"tracing on the meta device and streaming {e.dtype} weights (opset {e.opset})")
                 graphs = export_pair(
-                    src, out, shape, dtype=DTYPES[e.dtype], logits=e.logits, opset=e.opset, progress=ctx.progress
+                    src,
+                    out,
+                    shape,
+                    dtype=DTYPES[e.dtype],
+                    logits=e.logits,
+                    opset=e.opset,
+                    progress=ctx.progress,
+                    twin=twin.graphs if twin is not None else None,
                 )
             else:
                 graphs = _export_torchscript(src, out, shape, e, ctx.progress)
