@@ -111,7 +111,13 @@ def test_twin_validation_passes_and_catches_a_bad_weight(tiny_llama_pair: TinyPa
 
     monkeypatch.setattr(export, "FULL_VALIDATION_BYTES", 0)
     monkeypatch.setattr(validate, "TWIN_VOCAB", 300)
+    traced = []  # the twin is grown from the export's own traced layers, not traced again
+    monkeypatch.setattr(validate, "_export_twin", lambda *a: traced.append(a) or "")
     recipe, cache = build_recipe(tiny_llama_pair, tmp_path / "ok")
+    assert traced == []
+    monkeypatch.undo()
+    monkeypatch.setattr(export, "FULL_VALIDATION_BYTES", 0)
+    monkeypatch.setattr(validate, "TWIN_VOCAB", 300)
     from dflash_cli.pipeline import artifact_paths
 
     doc = json.loads((artifact_paths(recipe, cache, ["export"])["export"] / "validation.json").read_text())
@@ -138,3 +144,25 @@ def test_int4_from_an_fp16_export_stays_lossless(tiny_llama_pair: TinyPair, tmp_
     for prompt in _prompts(engine, n=4):
         plain = engine.generate(prompt, mode="plain", max_new_tokens=10)
         assert engine.generate(prompt, mode="dflash", max_new_tokens=10).tokens == plain.tokens
+
+
+def test_twin_falls_back_to_its_own_trace(tiny_qwen3_pair: TinyPair, tmp_path: Path, monkeypatch):
+    """When the twin cannot be grown from the traced layers, it is traced itself and still validates."""
+    from dflash_cli.exporting import twin_graphs, validate
+    from dflash_cli.pipeline import artifact_paths
+    from dflash_cli.stages import export
+
+    monkeypatch.setattr(export, "FULL_VALIDATION_BYTES", 0)
+    monkeypatch.setattr(validate, "TWIN_VOCAB", 300)
+
+    def refuse(self, gname, *args):
+        raise RuntimeError("not this time")
+
+    monkeypatch.setattr(twin_graphs.TwinGraphs, "_grow", refuse)
+    real = validate._export_twin
+    traced = []
+    monkeypatch.setattr(validate, "_export_twin", lambda *a: traced.append(a) or real(*a))
+    recipe, cache = build_recipe(tiny_qwen3_pair, tmp_path)
+    assert len(traced) == 1
+    doc = json.loads((artifact_paths(recipe, cache, ["export"])["export"] / "validation.json").read_text())
+    assert doc["mode"].startswith("twin:") and all(c["ok"] for c in doc["checks"])
