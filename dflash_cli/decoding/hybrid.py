@@ -10,7 +10,7 @@ long-run rate is what maximises tokens per second over a whole generation (where
 best ratio would not): a token a step does not commit costs, later, what tokens cost on average.
 Measured on the demo pair (HumanEval, 164 prompts, paired per prompt against prompt lookup): with the
 rate of the last ~3 steps instead, the draft was called after every slow stretch and the hybrid tied
-lookup (0.99x [0.97, 1.01]); with the long-run rate 1.02x [1.00, 1.04].
+lookup (0.99x [0.97, 1.01]); with the long-run rate, 1.00x-1.02x over three runs.
 The verify length only varies where the target session takes calls of any length (ONNX Runtime's
 prefix-cache graphs): a verify of 2 tokens costs ~0.7x one of 8 on the demo pair, and a step with no
 lookup match rarely commits more than that. Static graphs (QAIC) always verify the whole block.
@@ -157,10 +157,9 @@ class HybridProposer:
         best, choice = None, ("lookup", full)
         for length in self.lengths:
             t_verify = st.verify_seconds(length)
-            if t_verify is None:
-                t_verify = 0.0  # equal for both sources: only the draft's extra cost tells them apart
-                if length != full:
-                    continue
+            if t_verify is None and length != full:
+                continue  # no verify timed yet: the whole block, where only the draft's cost tells them apart
+            t_verify = t_verify or 0.0
             for source, expected, extra in (
                 ("lookup", st.expected_lookup(n, length), 0.0),
                 ("dflash", st.expected_dflash(n, length), t_draft),
@@ -187,7 +186,7 @@ class HybridProposer:
         self._step = (lookup, n, source, length, started)
         return proposal[: length - 1]
 
-    def verified(self, committed: list[int], verify_s: float = 0.0) -> None:
+    def verified(self, committed: list[int], verify_s: float) -> None:
         """Learn from the target's verdict on this step (`committed`: the tokens it committed)."""
         lookup, n, source, length, started = self._step
         c = len(committed)

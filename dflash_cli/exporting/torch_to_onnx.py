@@ -47,7 +47,6 @@ def export_streamed(
     its traced layer is copied to the real depth before the weights are written; `on_template(model,
     by_graph_name)` sees the traced one-layer graph first (it may clone it, not change it).
     """
-    import onnx_ir as ir
     import onnxscript.rewriter.onnx_fusions
 
     seq = torch.export.Dim("seq_len", min=1, max=8192)
@@ -83,9 +82,7 @@ def export_streamed(
                 raise DFlashError(f"export: no weights for initializer {name}", hint="this is a dflash bug")
             continue
         old = value.const_value
-        value.const_value = ir.LazyTensor(
-            _reader(src, old.dtype, tuple(old.shape)), dtype=old.dtype, shape=old.shape, name=value.name
-        )
+        value.const_value = lazy_weight(src, old.dtype, tuple(old.shape), value.name)
         by_graph_name[value.name] = src
     # The exporter's usual clean-up, except that nothing computed from a weight is folded into a new
     # constant: weights stay the checkpoint's tensors (streamed, shareable with the other graph).
@@ -115,9 +112,7 @@ def grow_layers(model, plan, sources: dict[str, Initializer], by_graph_name: dic
             name=WRAPPER_PREFIX + name,
             type=like.type,
             shape=like.shape,
-            const_value=ir.LazyTensor(
-                _reader(src, tmpl.dtype, tuple(tmpl.shape)), dtype=tmpl.dtype, shape=tmpl.shape, name=name
-            ),
+            const_value=lazy_weight(src, tmpl.dtype, tuple(tmpl.shape), name),
         )
         model.graph.register_initializer(value)
         by_graph_name[value.name] = src
