@@ -36,7 +36,7 @@ def timed(cmd: list[str], log: Path) -> dict:
     """Run under /usr/bin/time -v; wall seconds, peak RSS (bytes), exit code, stdout.
 
     `peak_rss_bytes` is /usr/bin/time's (the largest single process); `peak_tree_rss_bytes` the largest
-    sum over the whole process tree, sampled every 0.2 s (the export stage runs a second process)."""
+    sum over the whole process tree, sampled every 0.2 s (a stage or a tool it runs may start processes of its own)."""
     t0 = time.perf_counter()
     pipe = subprocess.PIPE
     with subprocess.Popen(["/usr/bin/time", "-v", *cmd], stdout=pipe, stderr=pipe, text=True) as p:

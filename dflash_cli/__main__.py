@@ -2,5 +2,5 @@
 
 from dflash_cli.cli.app import main
 
-if __name__ == "__main__":  # the export's second process (spawn) imports this module too
+if __name__ == "__main__":  # importing the module (a spawned process, a tool) must not run the CLI
     main()
