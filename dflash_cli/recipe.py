@@ -81,6 +81,9 @@ class OrtConfig(_Section):
     # Rewrite the graphs for ONNX Runtime's fused kernels (dflash_cli.ortcompile.fuse): RMSNorm ->
     # SimplifiedLayerNormalization, the accelerator-only V guard dropped. Checked against the export.
     fuse: bool = True
+    # With `fuse`: the prefix-cache target's attention -> ONNX Runtime's GroupQueryAttention (RoPE inside,
+    # KV cache updated in place; ortcompile/gqa.py), checked against the export like the other rewrites.
+    fuse_attention: bool = True
     # Run the prefix-cache graphs (CPU provider): the host keeps the KV cache and a call reads only the
     # filled slots, so its cost follows the tokens in the cache, not ctx_len. False: the static graphs.
     prefix_cache: bool = True

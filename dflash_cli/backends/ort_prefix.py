@@ -33,6 +33,15 @@ def is_prefix_graph(onnx_path: Path) -> bool:
     return any(o.name.startswith(PRESENT_PREFIX) for o in model.graph.output)
 
 
+def open_prefix_session(onnx_path: Path, name: str, ctx_len: int, settings=None, initializers=None):
+    """The session a compiled prefix-cache graph needs: in-place KV buffers where the compile stage rewrote
+    its attention (ortcompile/gqa.py), else host-stored K/V (this module)."""
+    from dflash_cli.backends.ort_kv_inplace import OrtInPlaceKvSession, is_in_place_graph
+
+    cls = OrtInPlaceKvSession if is_in_place_graph(onnx_path) else OrtPrefixSession
+    return cls(onnx_path, name, ctx_len, settings, initializers)
+
+
 class OrtPrefixSession:
     variable_length = True  # calls of any number of tokens: nothing is padded to a fixed shape
 

@@ -280,11 +280,11 @@ def _open(backend: str, compile_dir: Path, graph: str, recipe: Any, tables=None,
     on_cpu = resolve_provider(settings.provider) == "CPUExecutionProvider"
     prefix = info["graphs"].get(f"{graph}_prefix")
     if prefix and on_cpu and o.prefix_cache:
-        from dflash_cli.backends.ort_prefix import OrtPrefixSession
+        from dflash_cli.backends.ort_prefix import open_prefix_session
 
         path = compile_dir / prefix["onnx"]
         shared = tables.for_graph(path) if tables is not None else None
-        return OrtPrefixSession(path, graph, info["ctx_len"], settings, shared)
+        return open_prefix_session(path, graph, info["ctx_len"], settings, shared)
     shared = tables.for_graph(path) if tables is not None and on_cpu else None
     sess = OrtSession(path, graph, settings, shared)
     return sess

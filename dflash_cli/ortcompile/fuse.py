@@ -9,6 +9,8 @@ demo's plain decode ran ~25% slower with them). The compile stage rewrites its c
   rmsnorm   every RMSNorm module's nodes (found by the exporter's module scopes, not by op
             patterns) -> one SimplifiedLayerNormalization, ONNX Runtime's fused kernel
   v-guard   Where(live, V, 0) feeding the attention's probs @ V -> V
+  attention (the prefix-cache target only) each layer's attention -> one GroupQueryAttention with the
+            KV cache updated in place (ortcompile/gqa.py)
 
 The result is checked against the unfused graph on the same calls (checks.matches_reference) before
 the build publishes it. Weights are untouched: the rewritten graph points into the same data file.
@@ -37,17 +39,26 @@ _FORM_CONSTANTS = (1 / 256, 2.0, -1.0, 256.0, 2.0**-24)
 class FuseResult:
     norms: int = 0
     v_guards: int = 0
-    skipped: list[str] = field(default_factory=list)  # norm scopes left as they were, with the reason
+    attention: int = 0  # layers whose attention became GroupQueryAttention
+    skipped: list[str] = field(default_factory=list)  # what was left as it was, with the reason
 
 
-def fuse_graph(src: Path, dst: Path) -> FuseResult:
-    """Rewrite `src` (weights stay in its external data, referenced by the same relative path) into `dst`."""
+def fuse_graph(src: Path, dst: Path, attention: bool = False) -> FuseResult:
+    """Rewrite `src` (weights stay in its external data, referenced by the same relative path) into `dst`.
+
+    `attention`: also rewrite the attention (a prefix-cache target graph; see ortcompile/gqa.py)."""
     import onnx
 
     model = onnx.load(str(src), load_external_data=False)
     result = FuseResult()
     _fuse_norms(model.graph, result)
     _drop_v_guards(model.graph, result)
+    if attention:
+        from dflash_cli.ortcompile.gqa import rewrite_attention
+
+        gqa = rewrite_attention(model, src.parent)
+        result.attention = gqa.layers
+        result.skipped += [f"attention: {why}" for why in gqa.skipped]
     onnx.save(model, str(dst))
     return result
 

@@ -22,7 +22,7 @@ CHECK_FLOOR_BYTES = 1 << 30  # graphs this small are always loaded and checked a
 
 class CompileStage:
     name = "compile"
-    version = 3
+    version = 4  # 4: the prefix-cache target's attention -> GroupQueryAttention (compile.ort.fuse_attention)
     upstream = ("export",)
     tools: tuple[str, ...] = ("onnx", "onnxruntime")  # the QAIC SDK version is in key_fields
 
@@ -34,6 +34,8 @@ class CompileStage:
 
             return {"backend": "qaic", **qaic_key_fields(_qaic_options(recipe), find_sdk())}
         fields = {"backend": "ort", "precision": c.ort.precision, "fuse": c.ort.fuse}
+        if c.ort.fuse:
+            fields["fuse_attention"] = c.ort.fuse_attention
         if c.ort.precision != "fp32":
             fields["block_size"] = c.ort.block_size
             fields["accuracy_level"] = c.ort.accuracy_level
@@ -58,7 +60,7 @@ def _qaic_options(recipe: Any):
 
 def _compile_ort(ctx: StageContext) -> dict[str, Any]:
     from dflash_cli.backends.ort import OrtSession, OrtSettings
-    from dflash_cli.backends.ort_prefix import OrtPrefixSession
+    from dflash_cli.backends.ort_prefix import open_prefix_session
     from dflash_cli.ortcompile.checks import (
         causal_invariance,
         graph_weight_bytes,
@@ -108,9 +110,19 @@ def _compile_ort(ctx: StageContext) -> dict[str, Any]:
         for gname, g in info["graphs"].items():
             path = out / g["onnx"]
             fused = path.with_name(path.stem + ".fused.onnx")
-            result = fuse_graph(path, fused)
-            facts[f"{gname}_fused"] = {"rmsnorm": result.norms, "v_guard": result.v_guards, "skipped": result.skipped}
-            ctx.progress(f"{gname}: {result.norms} RMSNorms fused, {result.v_guards} V guards dropped")
+            # Only the prefix-cache target: its attention is causal (the draft's block attention is not) and
+            # the host session of a prefix graph can own in-place buffers (static graphs keep their convention).
+            result = fuse_graph(path, fused, attention=gname == "target_prefix" and ort_cfg.fuse_attention)
+            facts[f"{gname}_fused"] = {
+                "rmsnorm": result.norms,
+                "v_guard": result.v_guards,
+                "attention": result.attention,
+                "skipped": result.skipped,
+            }
+            ctx.progress(
+                f"{gname}: {result.norms} RMSNorms fused, {result.v_guards} V guards dropped"
+                + (f", {result.attention} attention layers -> GroupQueryAttention" if result.attention else "")
+            )
             keep = path.with_name(path.stem + ".unfused.onnx")
             path.rename(keep)  # a hard link to the export for fp32: renaming never touches the export's file
             fused.rename(path)
@@ -144,9 +156,11 @@ def _compile_ort(ctx: StageContext) -> dict[str, Any]:
             twin = info["graphs"].get(f"{gname}_prefix")
             if twin:
                 ctx.progress(f"checking the prefix-cache {gname} against the exported graph")
-                sess = OrtPrefixSession(out / twin["onnx"], gname, info["ctx_len"], settings)
+                sess = open_prefix_session(out / twin["onnx"], gname, info["ctx_len"], settings)
                 label = f"prefix-cache {gname}"
                 facts[f"{gname}_prefix_max_diff"] = matches_reference(sess, reference, label, info["dtype"], quantized)
+                if gname == "target":  # what decoding runs on the CPU: its positions must stay independent too
+                    facts["prefix_causal_invariance_max_diff"] = causal_invariance(sess, info, pair["vocab_size"])
                 del sess
         done += ["fused vs unfused"] if unfused else []
         done += ["prefix cache vs static"] if any(g.endswith("_prefix") for g in info["graphs"]) else []

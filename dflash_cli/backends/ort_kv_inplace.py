@@ -1,0 +1,109 @@
+"""ONNX Runtime session over a graph whose attention updates the KV cache in place (ortcompile/gqa.py).
+
+Each layer's `past_key.i` and `present_key.i` are bound to the same buffer, [1, kv_heads, ctx_len,
+head_dim], allocated once: GroupQueryAttention writes the call's K/V at slots start.. and attends over
+the slots before them, so a call moves nothing but its own rows and costs in proportion to the
+filled length. A rejected block needs no rollback: the next call starts at the first uncommitted
+position and overwrites it, and no query ever reads a slot at or beyond its own position.
+
+The graph takes the call's start from position_ids[0, 0] and numbers the rows from there, so a call
+must be contiguous (real rows at start, start+1, ..., padding after them); `run` checks it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from dflash_cli.backends.base import is_cache_input
+from dflash_cli.backends.ort import OrtSettings, resolve_provider, session_options
+from dflash_cli.errors import BackendError
+
+
+def is_in_place_graph(onnx_path: Path) -> bool:
+    import onnx
+
+    from dflash_cli.ortcompile.gqa import KV_IN_PLACE, KV_LAYOUT_KEY
+
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    return any(p.key == KV_LAYOUT_KEY and p.value == KV_IN_PLACE for p in model.metadata_props)
+
+
+class OrtInPlaceKvSession:
+    variable_length = True  # calls of any number of tokens
+
+    def __init__(
+        self,
+        onnx_path: Path,
+        name: str,
+        ctx_len: int,
+        settings: OrtSettings | None = None,
+        initializers: dict | None = None,
+    ) -> None:
+        import onnxruntime as ort
+
+        settings = settings or OrtSettings()
+        self.provider = resolve_provider(settings.provider)
+        if self.provider != "CPUExecutionProvider":
+            raise BackendError(
+                f"the in-place-cache {name} graph runs on the CPU provider only",
+                hint="open the static graph for other providers",
+            )
+        self.name, self.ctx_len = name, ctx_len
+        self._sess = ort.InferenceSession(
+            str(onnx_path), sess_options=session_options(settings, initializers), providers=[self.provider]
+        )
+        inputs = self._sess.get_inputs()
+        self.cache_names = [i.name for i in inputs if is_cache_input(i.name)]
+        self.input_names = [i.name for i in inputs if not is_cache_input(i.name)]
+        present = {n: "present_" + n.removeprefix("past_") for n in self.cache_names}
+        outputs = [o.name for o in self._sess.get_outputs()]
+        missing = [p for p in present.values() if p not in outputs]
+        if missing:
+            raise BackendError(f"{name}: not an in-place-cache graph (no outputs {missing[:2]})")
+        self.output_names = [o for o in outputs if o not in present.values()]
+        dtype = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+        self._arrays = {
+            i.name: np.zeros((1, i.shape[1], ctx_len, i.shape[3]), dtype[i.type]) for i in inputs if i.name in present
+        }
+        self._binding = self._sess.io_binding()
+        self._values = []  # the OrtValues wrap the numpy arrays' memory (CPU, no copy): both stay alive here
+        for n, arr in self._arrays.items():
+            # One buffer is both the input and the output: ONNX Runtime writes the new rows into it.
+            value = ort.OrtValue.ortvalue_from_numpy(arr)
+            self._binding.bind_ortvalue_input(n, value)
+            self._binding.bind_ortvalue_output(present[n], value)
+            self._values.append(value)
+
+    def reset(self, fill: float = 0.0) -> None:
+        """Nothing to clear (no query reads a slot at or beyond its position); `fill` is honoured for
+        callers that want the buffers in a known state."""
+        for arr in self._arrays.values():
+            arr.fill(fill)
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        positions = np.asarray(feeds["position_ids"])
+        n = positions.shape[1]
+        start = int(positions[0, 0])
+        real = int(np.count_nonzero(positions[0] >= 0))
+        if start < 0 or start + n > self.ctx_len:
+            raise BackendError(
+                f"{self.name}: a call at positions {start}..{start + n - 1} does not fit the cache "
+                f"({self.ctx_len} slots)"
+            )
+        contiguous = np.array_equal(positions[0, :real], np.arange(start, start + real))
+        if not (contiguous and np.all(positions[0, real:] < 0)):
+            raise BackendError(
+                f"{self.name}: positions {positions[0].tolist()[:8]}... are not contiguous from the call's first",
+                hint="a dflash bug in the decoding loop; run with `--set compile.ort.fuse=false` meanwhile",
+            )
+        b = self._binding
+        for name, arr in feeds.items():
+            b.bind_cpu_input(name, np.ascontiguousarray(arr))
+        for name in self.output_names:
+            b.bind_output(name, "cpu")
+        self._sess.run_with_iobinding(b)
+        values = b.get_outputs()
+        first = len(self._arrays)  # cache outputs were bound first
+        return {name: values[first + k].numpy() for k, name in enumerate(self.output_names)}
