@@ -29,15 +29,16 @@ START = 100  # cache position of the first timed call
 def open_variant(spec: str):
     """COMPILE_DIR, or COMPILE_DIR#prefix for its prefix-cache graphs (graph revision 7 on)."""
     from dflash_cli.backends.ort import OrtSession
-    from dflash_cli.backends.ort_prefix import OrtPrefixSession
+    from dflash_cli.backends.ort_prefix import open_prefix_session
 
     where, _, flavour = spec.partition("#")
     path = Path(where)
     info = json.loads((path / "export.json").read_text())
     if flavour == "prefix":
         g = info["graphs"]
-        target = OrtPrefixSession(path / g["target_prefix"]["onnx"], "target", info["ctx_len"])
-        draft = OrtPrefixSession(path / g["draft_prefix"]["onnx"], "draft", info["ctx_len"])
+        # in-place KV (GroupQueryAttention) where the compile stage rewrote the target (compile revision 4 on)
+        target = open_prefix_session(path / g["target_prefix"]["onnx"], "target", info["ctx_len"])
+        draft = open_prefix_session(path / g["draft_prefix"]["onnx"], "draft", info["ctx_len"])
     else:
         target = OrtSession(path / info["graphs"]["target"]["onnx"], "target")
         draft = OrtSession(path / info["graphs"]["draft"]["onnx"], "draft")

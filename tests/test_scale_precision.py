@@ -33,6 +33,8 @@ def test_weight_only_precisions_stay_lossless(precision: str, family: str, reque
 
     ops = {n.op_type for n in onnx.load(str(engine.compile_dir / "target.onnx"), load_external_data=False).graph.node}
     assert "MatMulNBits" in ops
+    # q/k/v and gate/up stacked per layer; the prefix-cache target's attention still found through them.
+    assert facts["target_stacked_matmuls"] > 0 and facts["target_prefix_fused"]["attention"] > 0
     # The draft's lm_head is the target's tensor: quantised once, the draft points at the target's copy.
     draft = onnx.load(str(engine.compile_dir / "draft.onnx"), load_external_data=False)
     head = next(t for t in draft.graph.initializer if "lm_head" in t.name and t.name.endswith(f".w{precision[-1]}"))
@@ -166,3 +168,34 @@ def test_twin_falls_back_to_its_own_trace(tiny_qwen3_pair: TinyPair, tmp_path: P
     assert len(traced) == 1
     doc = json.loads((artifact_paths(recipe, cache, ["export"])["export"] / "validation.json").read_text())
     assert doc["mode"].startswith("twin:") and all(c["ok"] for c in doc["checks"])
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+def test_stacked_projections_compute_what_separate_ones_do(family: str, request, tmp_path: Path) -> None:
+    """q/k/v (and gate/up) in one MatMulNBits + Split: same numbers as one MatMulNBits per weight."""
+    import shutil
+
+    from dflash_cli.backends.ort import OrtSession
+    from dflash_cli.ortcompile.checks import reference_outputs
+    from dflash_cli.ortcompile.quantize import quantize_graph
+
+    engine = request.getfixturevalue(f"{family}_engine")
+    export = engine.export_dir
+    info = json.loads((export / "export.json").read_text())
+    vocab = json.loads((export / "pair.json").read_text())["vocab_size"]
+    outs = {}
+    for stacked in (False, True):
+        d = tmp_path / str(stacked)
+        d.mkdir()
+        for f in export.iterdir():
+            if f.suffix == ".data":
+                shutil.copy(f, d / f.name)
+        result = quantize_graph(export / "target.onnx", d / "target.onnx", bits=4, block_size=16, fuse_siblings=stacked)
+        assert (result.stacked > 0) == stacked
+        outs[stacked] = reference_outputs(OrtSession(d / "target.onnx", "target"), "target", info, vocab)
+    for (_, separate), (_, together) in zip(outs[False], outs[True]):
+        for name, want in separate.items():
+            if want.dtype.kind == "f":
+                np.testing.assert_allclose(together[name], want, rtol=1e-5, atol=1e-5, err_msg=name)
+            else:
+                np.testing.assert_array_equal(together[name], want, err_msg=name)

@@ -12,7 +12,8 @@ attends over the filled ones, so nothing is concatenated or copied and the host 
 
 What it relies on, all checked or anchored by name rather than by op patterns:
   * layer i's projections are the MatMuls of initializers named `...layers.i.self_attn.{q,k,v,o}_proj.weight`
-    (plain, transposed, or MatMulNBits' `.w4` / `.w8`); q/k go through one fused q_norm/k_norm
+    (plain, transposed, MatMulNBits' `.w4` / `.w8`, or one stacked q/k/v MatMulNBits and its Split that
+    names its parts, ortcompile/quantize.py); q/k go through one fused q_norm/k_norm
     (SimplifiedLayerNormalization, after fuse.py) or none (Llama);
   * the RoPE tables `*rotary.cos_table` / `*rotary.sin_table` [ctx_len, head_dim] repeat their halves
     (rotate-half RoPE, as Qwen3 and Llama use);
@@ -71,15 +72,19 @@ def rewrite_attention(model, base_dir: Path) -> GqaResult:
         users = consumers.get(name, [])
         return users[0] if len(users) == 1 and users[0].op_type == op and name not in outputs else None
 
-    projections: dict[int, dict[str, object]] = {}
+    projections: dict[int, dict[str, str]] = {}  # layer -> q/k/v/o -> the projection's output tensor
+    o_proj: dict[int, object] = {}  # layer -> the o_proj node (its input becomes the attention's output)
     q_width: dict[int, int | None] = {}
     for node in graph.node:
-        w = weight_of(node)
-        m = _PROJ.search(w) if w else None
-        if m:
-            projections.setdefault(int(m.group(1)), {})[m.group(2)] = node
-            if m.group(2) == "q":
-                q_width[int(m.group(1))] = _out_features(node, inits[w])
+        for w, out, width in _projections(node, weight_of, consumers, inits):
+            m = _PROJ.search(w)
+            if m:
+                layer, kind = int(m.group(1)), m.group(2)
+                projections.setdefault(layer, {})[kind] = out
+                if kind == "o":
+                    o_proj[layer] = node
+                if kind == "q":
+                    q_width[layer] = width
     layers = sorted(i for i in projections if f"present_key.{i}" in outputs and f"present_value.{i}" in outputs)
     plain_inputs = {n for n in inputs if not n.startswith(("past_key.", "past_value."))}
     # A draft (context_features, ...) attends over its block in both directions: not causal, left alone.
@@ -113,16 +118,16 @@ def rewrite_attention(model, base_dir: Path) -> GqaResult:
     plans = []
     for i in layers:
         p = projections[i]
-        if set(p) != {"q", "k", "v", "o"}:
+        if set(p) != {"q", "k", "v", "o"} or i not in o_proj:
             result.skipped.append(f"layer {i}: projections {sorted(p)}")
             return result
-        q = _normed_heads(_with_bias(p["q"].output[0], single, inits), single)
-        k = _normed_heads(_with_bias(p["k"].output[0], single, inits), single)
+        q = _normed_heads(_with_bias(p["q"], single, inits), single)
+        k = _normed_heads(_with_bias(p["k"], single, inits), single)
         if q is None or k is None:
             result.skipped.append(f"layer {i}: q/k do not go through one fused norm or none")
             return result
-        v = _with_bias(p["v"].output[0], single, inits)
-        plans.append((i, q, k, v, p["o"]))
+        v = _with_bias(p["v"], single, inits)
+        plans.append((i, q, k, v, o_proj[i]))
 
     new_nodes, new_inits = [], []
     names = {"cos": "gqa.cos_cache", "sin": "gqa.sin_cache"}
@@ -226,6 +231,26 @@ def _normed_heads(proj_out: str, single) -> tuple[str, bool] | None:
         return norm.output[0], True
     # No per-head norm (Llama): the projection's output is already [b, s, heads * d].
     return proj_out, False
+
+
+def _projections(node, weight_of, consumers, inits):
+    """(weight name, output tensor, output width) of each projection `node` computes: one for a MatMul,
+    one per part for a stacked MatMulNBits (ortcompile/quantize.py: q/k/v in one node, then a Split)."""
+    from onnx import numpy_helper
+
+    from dflash_cli.ortcompile.quantize import FUSED_WEIGHTS_KEY
+
+    parts = next((p.value.split(",") for p in node.metadata_props if p.key == FUSED_WEIGHTS_KEY), None)
+    if parts is None:
+        w = weight_of(node)
+        return [(w, node.output[0], _out_features(node, inits[w]))] if w else []
+    users = consumers.get(node.output[0], [])
+    if len(users) != 1 or users[0].op_type != "Split" or len(users[0].output) != len(parts):
+        return []
+    split = users[0]
+    sizes = inits.get(split.input[1]) if len(split.input) > 1 else None
+    widths = [int(x) for x in numpy_helper.to_array(sizes)] if sizes is not None else [None] * len(parts)
+    return list(zip(parts, split.output, widths))
 
 
 def _out_features(node, weight) -> int | None:

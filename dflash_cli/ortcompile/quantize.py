@@ -23,12 +23,14 @@ import numpy as np
 from dflash_cli.exporting.onnx_data import read_initializer
 
 ALIGNMENT = 65536
+FUSED_WEIGHTS_KEY = "dflash.stacked_weights"  # on a stacked MatMulNBits: its parts' weight names, in Split order
 
 
 @dataclass(frozen=True)
 class QuantResult:
     quantized: int  # MatMuls rewritten
     weight_bytes: int  # bytes written to the .q.data file
+    stacked: int = 0  # groups of projections sharing an input, now one MatMulNBits each
 
 
 def quantize_graph(
@@ -40,6 +42,7 @@ def quantize_graph(
     accuracy_level: int = 0,
     progress: Callable[[str], None] = lambda m: None,
     done: dict | None = None,
+    fuse_siblings: bool = True,
 ) -> QuantResult:
     """Write dst_onnx (graph) + dst_onnx.q.data (quantised weights); other weights keep src's data file.
 
@@ -82,33 +85,29 @@ def quantize_graph(
             # the draft's k_proj / v_proj feed two MatMuls (context and block): quantised once, shared
             plans.setdefault(t.input[0], (inits[t.input[0]], True, t, []))[3].append(node)
 
+    # Projections that read the same activation (q/k/v, gate/up) become ONE MatMulNBits over their
+    # weights stacked along N, then a Split into the original outputs: one kernel call instead of three
+    # (or two). Each output row is quantised on its own, so the stacked weight holds exactly the rows
+    # the separate ones would (a 0.6B int4 decode step: ~10% faster, measured).
+    siblings: dict[str, list[str]] = {}
+    for name, (_, _, _, matmuls) in plans.items():
+        if len(matmuls) == 1 and fuse_siblings:  # a weight read by two MatMuls (the draft's k/v) stays alone
+            siblings.setdefault(matmuls[0].input[0], []).append(name)
+    group_of = {n: names for names in siblings.values() if len(names) > 1 for n in names}
+
     data_name = dst_onnx.name + ".q.data"
     removed_nodes: set[int] = set()
+    expanded: dict[int, list] = {}  # id(node) -> the nodes that take its place
     new_inits = []
     offset = 0
     rewritten = 0
+    grouped = 0
+
     with (dst_onnx.parent / data_name).open("wb") as f:
-        for k, (weight, transposed, tnode, matmuls) in enumerate(plans.values()):
-            identity = _source_identity(weight, src_onnx.parent, transposed)
-            if identity is not None and identity in done:
-                K, N, places = done[identity]
-                tensors = [_external_tensor(name, *place) for name, place in places]
-                new_inits += tensors
-                _rewrite(matmuls, tensors, K, N, bits, block_size, accuracy_level)
-                rewritten += len(matmuls)
-                if tnode is not None:
-                    removed_nodes.add(id(tnode))
-                continue
-            w = read_initializer(weight, src_onnx.parent)
-            kn = np.ascontiguousarray(w.T if transposed else w)  # [K, N], as MatMulNBits' quantiser wants
-            if kn.dtype not in (np.float32, np.float16):
-                kn = kn.astype(np.float32)
-            K, N = kn.shape
-            packed, scales = _quantize(kn, bits, block_size)
-            del kn, w
-            base = f"{weight.name}.w{bits}"
-            tensors = []
-            places = []
+
+        def write(base: str, packed: np.ndarray, scales: np.ndarray) -> tuple[list, list]:
+            nonlocal offset
+            tensors, places = [], []
             for name, arr in ((base, packed), (base + ".scales", scales)):
                 pad = (-offset) % ALIGNMENT if arr.nbytes > ALIGNMENT else 0
                 f.write(b"\0" * pad)
@@ -118,8 +117,52 @@ def quantize_graph(
                 tensors.append(_external_tensor(name, *place))
                 places.append((name, place))
                 offset += arr.nbytes
-            if identity is not None:
-                done[identity] = (K, N, places)
+            return tensors, places
+
+        def quantised(name: str) -> tuple[np.ndarray, np.ndarray, int, int]:
+            weight, transposed, _, _ = plans[name]
+            w = read_initializer(weight, src_onnx.parent)
+            kn = np.ascontiguousarray(w.T if transposed else w)  # [K, N], as MatMulNBits' quantiser wants
+            if kn.dtype not in (np.float32, np.float16):
+                kn = kn.astype(np.float32)
+            K, N = kn.shape
+            packed, scales = _quantize(kn, bits, block_size)
+            return packed, scales, K, N
+
+        handled: set[str] = set()
+        for k, (wname, (weight, transposed, tnode, matmuls)) in enumerate(plans.items()):
+            if wname in handled:
+                continue
+            group = group_of.get(wname)
+            if group:
+                parts = [quantised(n) for n in group]
+                K, widths = parts[0][2], [p[3] for p in parts]
+                tensors, _ = write(
+                    f"{wname}+{len(group) - 1}.w{bits}",
+                    np.concatenate([p[0] for p in parts]),
+                    np.concatenate([p[1] for p in parts]),
+                )
+                del parts
+                nodes = [plans[n][3][0] for n in group]
+                stacked, split_sizes = _stacked(nodes, group, widths, tensors, K, bits, block_size, accuracy_level)
+                new_inits += [*tensors, split_sizes]
+                expanded[id(nodes[0])] = stacked
+                removed_nodes |= {id(n) for n in nodes[1:]}
+                removed_nodes |= {id(plans[n][2]) for n in group if plans[n][2] is not None}
+                handled |= set(group)
+                rewritten += len(group)
+                grouped += 1
+                continue
+            identity = _source_identity(weight, src_onnx.parent, transposed)
+            if identity is not None and identity in done:
+                K, N, places = done[identity]
+                tensors = [_external_tensor(name, *place) for name, place in places]
+            else:
+                packed, scales, K, N = quantised(wname)
+                tensors, places = write(f"{weight.name}.w{bits}", packed, scales)
+                del packed, scales
+                if identity is not None:
+                    done[identity] = (K, N, places)
             new_inits += tensors
             _rewrite(matmuls, tensors, K, N, bits, block_size, accuracy_level)
             rewritten += len(matmuls)
@@ -128,7 +171,7 @@ def quantize_graph(
             if (k + 1) % 16 == 0 or k + 1 == len(plans):
                 progress(f"{src_onnx.name}: {k + 1}/{len(plans)} MatMul weights to int{bits}, {offset / 1e9:.2f} GB")
 
-    keep_nodes = [n for n in graph.node if id(n) not in removed_nodes]
+    keep_nodes = [m for n in graph.node if id(n) not in removed_nodes for m in expanded.get(id(n), [n])]
     still_used = {i for n in keep_nodes for i in n.input}
     del graph.node[:]
     graph.node.extend(keep_nodes)
@@ -138,7 +181,7 @@ def quantize_graph(
     if not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     onnx.save_model(model, str(dst_onnx))
-    return QuantResult(rewritten, offset)
+    return QuantResult(rewritten, offset, grouped)
 
 
 def _source_identity(weight, base_dir: Path, transposed: bool):
@@ -185,6 +228,33 @@ def _rewrite(matmuls, tensors, K: int, N: int, bits: int, block_size: int, accur
             **({"accuracy_level": accuracy_level} if accuracy_level else {}),
         )
         node.CopyFrom(qnode)
+
+
+def _stacked(
+    nodes, weights: list[str], widths: list[int], tensors, K: int, bits: int, block_size: int, accuracy_level: int
+):
+    """One MatMulNBits over the stacked weights and a Split back into the MatMuls' own outputs; the
+    stacked node names its parts (FUSED_WEIGHTS_KEY) so later rewrites can still tell q from k from v."""
+    from onnx import helper, numpy_helper
+
+    out = nodes[0].output[0] + ".stacked"
+    node = helper.make_node(
+        "MatMulNBits",
+        [nodes[0].input[0], tensors[0].name, tensors[1].name],
+        [out],
+        name=(nodes[0].name or nodes[0].output[0]) + "_stacked_nbits",
+        domain="com.microsoft",
+        K=K,
+        N=sum(widths),
+        bits=bits,
+        block_size=block_size,
+        **({"accuracy_level": accuracy_level} if accuracy_level else {}),
+    )
+    entry = node.metadata_props.add()
+    entry.key, entry.value = FUSED_WEIGHTS_KEY, ",".join(weights)
+    sizes = numpy_helper.from_array(np.array(widths, np.int64), out + ".sizes")
+    split = helper.make_node("Split", [out, sizes.name], [n.output[0] for n in nodes], name=out + "_split", axis=-1)
+    return [node, split], sizes
 
 
 def _quantize(kn: np.ndarray, bits: int, block_size: int) -> tuple[np.ndarray, np.ndarray]:

@@ -98,8 +98,10 @@ def _compile_ort(ctx: StageContext) -> dict[str, Any]:
                 accuracy_level=ort_cfg.accuracy_level,
                 progress=ctx.progress,
                 done=done,
+                fuse_siblings=ort_cfg.fuse,  # q/k/v and gate/up stacked into one MatMulNBits each
             )
             facts[f"{gname}_quantized_matmuls"] = result.quantized
+            facts[f"{gname}_stacked_matmuls"] = result.stacked
             if result.quantized == 0:
                 raise DFlashError(
                     f"{gname}.onnx has no MatMul with a constant weight to quantise",
