@@ -22,7 +22,7 @@ CHECK_FLOOR_BYTES = 1 << 30  # graphs this small are always loaded and checked a
 
 class CompileStage:
     name = "compile"
-    version = 4  # 4: the prefix-cache target's attention -> GroupQueryAttention (compile.ort.fuse_attention)
+    version = 5  # 4: the prefix-cache target's attention -> GroupQueryAttention; 5: stacked q/k/v, gate/up (int8/int4)
     upstream = ("export",)
     tools: tuple[str, ...] = ("onnx", "onnxruntime")  # the QAIC SDK version is in key_fields
 
