@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from dflash_cli.backends.base import is_cache_input
-from dflash_cli.backends.ort import OrtSettings, resolve_provider, session_options
+from dflash_cli.backends.ort import OrtSettings
+from dflash_cli.backends.ort_prefix import cpu_session
 from dflash_cli.errors import BackendError
 
 
@@ -43,17 +44,8 @@ class OrtInPlaceKvSession:
     ) -> None:
         import onnxruntime as ort
 
-        settings = settings or OrtSettings()
-        self.provider = resolve_provider(settings.provider)
-        if self.provider != "CPUExecutionProvider":
-            raise BackendError(
-                f"the in-place-cache {name} graph runs on the CPU provider only",
-                hint="open the static graph for other providers",
-            )
+        self.provider, self._sess = cpu_session(onnx_path, name, "in-place-cache", settings, initializers)
         self.name, self.ctx_len = name, ctx_len
-        self._sess = ort.InferenceSession(
-            str(onnx_path), sess_options=session_options(settings, initializers), providers=[self.provider]
-        )
         inputs = self._sess.get_inputs()
         self.cache_names = [i.name for i in inputs if is_cache_input(i.name)]
         self.input_names = [i.name for i in inputs if not is_cache_input(i.name)]

@@ -42,6 +42,20 @@ def open_prefix_session(onnx_path: Path, name: str, ctx_len: int, settings=None,
     return cls(onnx_path, name, ctx_len, settings, initializers)
 
 
+def cpu_session(onnx_path: Path, name: str, kind: str, settings: OrtSettings | None, initializers: dict | None):
+    """(provider, InferenceSession) for a graph whose KV cache lives in host memory: CPU provider only."""
+    import onnxruntime as ort
+
+    provider = resolve_provider((settings or OrtSettings()).provider)
+    if provider != "CPUExecutionProvider":
+        raise BackendError(
+            f"the {kind} {name} graph runs on the CPU provider only (its KV cache lives in host memory)",
+            hint="open the static graph for other providers",
+        )
+    opts = session_options(settings or OrtSettings(), initializers)
+    return provider, ort.InferenceSession(str(onnx_path), sess_options=opts, providers=[provider])
+
+
 class OrtPrefixSession:
     variable_length = True  # calls of any number of tokens: nothing is padded to a fixed shape
 
@@ -53,19 +67,8 @@ class OrtPrefixSession:
         settings: OrtSettings | None = None,
         initializers: dict | None = None,
     ) -> None:
-        import onnxruntime as ort
-
-        settings = settings or OrtSettings()
-
-        self.provider = resolve_provider(settings.provider)
-        if self.provider != "CPUExecutionProvider":
-            raise BackendError(
-                f"the prefix-cache {name} graph runs on the CPU provider only (the host writes the cache)",
-                hint="open the static graph for other providers",
-            )
+        self.provider, self._sess = cpu_session(onnx_path, name, "prefix-cache", settings, initializers)
         self.name, self.ctx_len = name, ctx_len
-        opts = session_options(settings, initializers)
-        self._sess = ort.InferenceSession(str(onnx_path), sess_options=opts, providers=[self.provider])
         inputs = self._sess.get_inputs()
         self.cache_names = [i.name for i in inputs if is_cache_input(i.name)]
         self.input_names = [i.name for i in inputs if not is_cache_input(i.name)]
