@@ -78,6 +78,11 @@ class OrtConfig(_Section):
     # Idle intra-op threads busy-wait by default; with the target and draft sessions taking turns
     # on the same cores, spinning threads of one steal the CPU from the other.
     allow_spinning: bool = False
+    # `shared`: every session of a `dflash run` / `bench` / `serve` process uses one (spinning) intra-op
+    # pool, so target and draft take turns on the same threads (backends/ort.py: plain ~1.7-2.2x, DFlash
+    # ~1.1-1.6x faster on the demo pair); allow_spinning then has no effect. `per_session`: a pool per
+    # session, allow_spinning as set.
+    thread_pool: Literal["shared", "per_session"] = "shared"
     # Rewrite the graphs for ONNX Runtime's fused kernels (dflash_cli.ortcompile.fuse): RMSNorm ->
     # SimplifiedLayerNormalization, the accelerator-only V guard dropped. Checked against the export.
     fuse: bool = True

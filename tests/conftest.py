@@ -13,7 +13,13 @@ _ROOT = str(Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
+import dflash_cli.backends.ort as _ort_backend  # noqa: E402
 from tests.fixtures.tiny_pairs import TinyPair, make_pair  # noqa: E402
+
+# Tests open ONNX Runtime sessions of their own (per-session pools), which ONNX Runtime refuses once a
+# process has the shared pool: engines here keep a pool per session; tests/test_shared_thread_pool.py
+# runs the shared pool in a process of its own.
+_ort_backend.SHARED_POOL_ALLOWED = False
 
 
 @pytest.fixture(scope="session")

@@ -57,6 +57,11 @@ class Engine:
             self.eos_token_ids.append(self.tokenizer.eos_token_id)
         backend = recipe.compile.backend
         self._tables = None
+        o = recipe.compile.ort
+        if backend == "ort" and o.thread_pool == "shared":
+            from dflash_cli.backends.ort import use_shared_thread_pool
+
+            use_shared_thread_pool(o.intra_op_threads)  # before any session of this engine opens
         if backend == "ort":
             from dflash_cli.backends.ort_shared import SharedTables
 
@@ -92,8 +97,12 @@ class Engine:
         from dflash_cli.readiness.memory import available_bytes
 
         o = self.recipe.compile.ort
+        from dflash_cli.backends.ort import shared_thread_pool
+
         if self.recipe.compile.backend != "ort" or self.provider != "CPUExecutionProvider":
             return "the speculative target session (spinning applies to ONNX Runtime on CPU only)"
+        if shared_thread_pool():
+            return "the speculative target session (one spinning thread pool shared by every session)"
         if o.allow_spinning:
             return "the speculative target session (spinning already on)"
         need, free = self.weight_bytes["target"], available_bytes()

@@ -57,8 +57,11 @@ def _diff(name: str, got: np.ndarray, ref: np.ndarray, dtype: str = "fp32") -> t
 def _session(onnx_path: Path):
     import onnxruntime as ort
 
+    from dflash_cli.backends.ort import apply_thread_pool
+
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
+    apply_thread_pool(opts)
     return ort.InferenceSession(str(onnx_path), sess_options=opts, providers=["CPUExecutionProvider"])
 
 
