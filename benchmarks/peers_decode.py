@@ -146,6 +146,11 @@ def main() -> None:
     ap.add_argument("--llama-quants", default="f32,q8_0,q4_0")
     ap.add_argument("--threads", type=int, default=2, help="llama.cpp threads (ORT uses its own default)")
     args = ap.parse_args()
+    import dflash_cli.backends.ort as ort_backend
+
+    # GenAI runs ONNX Runtime sessions in this process too, and a process-wide shared pool would be forced
+    # on them; dflash's rows here are one target session each, spinning off / on, with pools of their own.
+    ort_backend.SHARED_POOL_ALLOWED = False
     import onnxruntime_genai as og
 
     from dflash_cli.readiness.fp16_bands import corpus_tokens
