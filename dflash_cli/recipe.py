@@ -79,9 +79,9 @@ class OrtConfig(_Section):
     # on the same cores, spinning threads of one steal the CPU from the other.
     allow_spinning: bool = False
     # `shared`: every session of a `dflash run` / `bench` / `serve` process uses one (spinning) intra-op
-    # pool, so target and draft take turns on the same threads (backends/ort.py: plain ~1.7-2.2x, DFlash
-    # ~1.1-1.6x faster on the demo pair); allow_spinning then has no effect. `per_session`: a pool per
-    # session, allow_spinning as set.
+    # pool, so target and draft take turns on the same threads (backends/ort.py: plain 1.7-1.9x, DFlash
+    # 1.2-1.4x faster on the demo pair); allow_spinning configures per-session pools only. `per_session`:
+    # a pool per session, allow_spinning as set.
     thread_pool: Literal["shared", "per_session"] = "shared"
     # Rewrite the graphs for ONNX Runtime's fused kernels (dflash_cli.ortcompile.fuse): RMSNorm ->
     # SimplifiedLayerNormalization, the accelerator-only V guard dropped. Checked against the export.

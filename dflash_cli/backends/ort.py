@@ -33,9 +33,10 @@ class OrtSettings:
 
 # ONNX Runtime's global thread pools: one set of intra-op threads for every session in the process.
 # Target and draft then take turns on the same (spinning) threads instead of two pools fighting for
-# two cores; demo pair, 16 prompts, alternating processes: plain 985 / 961 tok/s vs 444 / 563 with a
-# pool per session (spinning off), DFlash 2007 / 1608 vs 1285 / 1490. Once on, every session in the
-# process must use it, so the switch is process-wide and made before the engine's sessions open.
+# two cores (demo pair, 16 prompts, alternating processes: plain 1.7-1.9x, DFlash 1.2-1.4x faster than
+# with a pool per session; benchmarks/results/ort-runtime/demo-thread-pool-decode.txt). Once on, every
+# session in the process must use it, so the switch is process-wide and made before the engine's
+# sessions open.
 SHARED_POOL_ALLOWED = True  # a process that opens ONNX Runtime sessions of its own (the tests) turns this off
 _shared_pool = False
 
@@ -92,7 +93,7 @@ def session_options(settings: OrtSettings, initializers: dict | None = None):
         opts.intra_op_num_threads = settings.intra_op_threads
     opts.log_severity_level = 3
     opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if settings.allow_spinning else "0")
-    apply_thread_pool(opts)  # the shared pool spins by ONNX Runtime's default: allow_spinning is then moot
+    apply_thread_pool(opts)  # allow_spinning configures per-session pools; the shared one keeps ORT's default (spin)
     return opts
 
 

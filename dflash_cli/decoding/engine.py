@@ -91,14 +91,14 @@ class Engine:
         Spinning is off for the speculative modes (target and draft take turns on the same cores and a
         spinning pool steals them: DFlash measured 0.80x with it on) but makes plain decoding faster
         (1.05x fp32 and int4 on the 0.6B shape), so a speedup against plain-with-the-same-setting would
-        flatter DFlash. Costs a second copy of the target's weights: skipped when they are large.
-        Returns what plain runs on.
+        flatter DFlash. Costs a second copy of the target's weights: skipped when they are large, and
+        with the shared thread pool (compile.ort.thread_pool), where every session already spins on the
+        same threads. Returns what plain runs on.
         """
+        from dflash_cli.backends.ort import shared_thread_pool
         from dflash_cli.readiness.memory import available_bytes
 
         o = self.recipe.compile.ort
-        from dflash_cli.backends.ort import shared_thread_pool
-
         if self.recipe.compile.backend != "ort" or self.provider != "CPUExecutionProvider":
             return "the speculative target session (spinning applies to ONNX Runtime on CPU only)"
         if shared_thread_pool():
