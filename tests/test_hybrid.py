@@ -114,8 +114,22 @@ def test_untried_verify_lengths_are_guessed_optimistically():
     stats.add_verify(8, 0.004)
     assert stats.verify_seconds(2) == 0.001  # below the shortest tried: proportional, so it gets tried
     stats.add_verify(2, 0.003)
-    assert abs(stats.verify_seconds(5) - 0.0035) < 1e-12  # between: interpolated
-    assert stats.verify_seconds(2) == 0.003
+    assert abs(stats.verify_seconds(5) - 0.0035) < 1e-12  # between: on the fitted line
+    assert abs(stats.verify_seconds(2) - 0.003) < 1e-12
+
+
+def test_verify_cost_is_one_line_fitted_to_every_verify():
+    """A length timed a few times in a slow moment does not keep a bad mean: all lengths share one fit."""
+    from dflash_cli.decoding.hybrid import HybridStats
+
+    stats = HybridStats(block_size=8)
+    for _ in range(200):
+        for length in (2, 8):
+            stats.add_verify(length, 0.001 + 0.0001 * length)
+    for _ in range(3):
+        stats.add_verify(7, 0.005)  # three slow calls at 7
+    assert stats.verify_seconds(7) < 0.002 < 0.005
+    assert abs(stats.verify_seconds(4) - 0.0014) < 2e-4
 
 
 def test_survival_counts_short_verifies_as_at_least():

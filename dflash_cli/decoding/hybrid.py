@@ -35,6 +35,7 @@ MAX_NGRAM = 8  # longest suffix match counted as evidence; longer says little mo
 PROPOSAL_NGRAM = 3
 PRIOR_WEIGHT = 2.0  # pseudo-steps behind each prior below, so a few real steps outweigh it
 RATE_MEMORY = 0.995  # per step, the weight older steps keep in the rate (a memory of ~200 steps)
+VERIFY_MEMORY = 0.995  # per verify, the weight older verify times keep in the cost fit
 
 
 class Survival:
@@ -84,6 +85,8 @@ class HybridStats:
         self.dflash = [Survival(block_size, (1 + block_size) // 2) for _ in range(MAX_NGRAM + 1)]
         self.t_draft = [0.0, 0]  # seconds, draft steps
         self.t_verify = [[0.0, 0] for _ in range(block_size + 1)]  # per verify length: seconds, calls
+        # Decayed sums for the affine fit seconds = a + b * length: weight, L, L^2, t, L*t.
+        self._fit = [0.0, 0.0, 0.0, 0.0, 0.0]
         self.recent = [0.0, 0.0]  # tokens, seconds of hybrid steps, older ones decayed by RATE_MEMORY
 
     def rate(self) -> float | None:
@@ -104,28 +107,29 @@ class HybridStats:
         return self.t_draft[0] / self.t_draft[1] if self.t_draft[1] else None
 
     def verify_seconds(self, length: int) -> float | None:
-        """Mean seconds of a verify of `length` tokens. An untried length is interpolated between the
-        lengths tried, and below the shortest tried guessed proportional to its length (optimistic on
-        purpose: it gets tried once where it could pay off, and is then judged by its own time)."""
-        s, c = self.t_verify[length]
-        if c:
-            return s / c
+        """Seconds of a verify of `length` tokens. Once two lengths have been timed: a line fitted to every
+        verify (seconds = a + b * length, older calls decayed by VERIFY_MEMORY), because per-length means
+        drift apart by where and when each length happened to be chosen (a length tried a few times in
+        a slow minute kept its bad mean for the rest of a run). With one length timed: its mean, and
+        below it a guess proportional to the length (optimistic on purpose: it gets tried once)."""
         seen = [(k, s / c) for k, (s, c) in enumerate(self.t_verify) if c]
         if not seen:
             return None
-        below = [p for p in seen if p[0] < length]
-        above = [p for p in seen if p[0] > length]
-        if not below:
-            k, t = above[0]
-            return t * length / k
-        if not above:
-            return below[-1][1]
-        (k0, t0), (k1, t1) = below[-1], above[0]
-        return t0 + (t1 - t0) * (length - k0) / (k1 - k0)
+        if len(seen) == 1:
+            k, t = seen[0]
+            return t * length / k if length < k else t
+        w, sl, sll, st, slt = self._fit
+        var = w * sll - sl * sl
+        slope = (w * slt - sl * st) / var if var > 0 else 0.0
+        if slope <= 0:  # noise swamped the per-token cost: every length costs the mean
+            return st / w
+        return (st - slope * sl) / w + slope * length
 
     def add_verify(self, length: int, seconds: float) -> None:
         self.t_verify[length][0] += seconds
         self.t_verify[length][1] += 1
+        sample = (1.0, length, length * length, seconds, length * seconds)
+        self._fit = [VERIFY_MEMORY * old + new for old, new in zip(self._fit, sample)]
 
 
 class HybridProposer:
