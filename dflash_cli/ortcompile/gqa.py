@@ -238,9 +238,9 @@ def _projections(node, weight_of, consumers, inits):
     one per part for a stacked MatMulNBits (ortcompile/quantize.py: q/k/v in one node, then a Split)."""
     from onnx import numpy_helper
 
-    from dflash_cli.ortcompile.quantize import FUSED_WEIGHTS_KEY
+    from dflash_cli.ortcompile.quantize import STACKED_WEIGHTS_KEY
 
-    parts = next((p.value.split(",") for p in node.metadata_props if p.key == FUSED_WEIGHTS_KEY), None)
+    parts = next((p.value.split(",") for p in node.metadata_props if p.key == STACKED_WEIGHTS_KEY), None)
     if parts is None:
         w = weight_of(node)
         return [(w, node.output[0], _out_features(node, inits[w]))] if w else []

@@ -23,7 +23,7 @@ import numpy as np
 from dflash_cli.exporting.onnx_data import read_initializer
 
 ALIGNMENT = 65536
-FUSED_WEIGHTS_KEY = "dflash.stacked_weights"  # on a stacked MatMulNBits: its parts' weight names, in Split order
+STACKED_WEIGHTS_KEY = "dflash.stacked_weights"  # on a stacked MatMulNBits: its parts' weight names, in Split order
 
 
 @dataclass(frozen=True)
@@ -129,6 +129,9 @@ def quantize_graph(
             packed, scales = _quantize(kn, bits, block_size)
             return packed, scales, K, N
 
+        def report(count: int) -> None:
+            progress(f"{src_onnx.name}: {count}/{len(plans)} MatMul weights to int{bits}, {offset / 1e9:.2f} GB")
+
         handled: set[str] = set()
         for k, (wname, (weight, transposed, tnode, matmuls)) in enumerate(plans.items()):
             if wname in handled:
@@ -152,6 +155,9 @@ def quantize_graph(
                 handled |= set(group)
                 rewritten += len(group)
                 grouped += 1
+                progress(
+                    f"{src_onnx.name}: {len(handled)}/{len(plans)} MatMul weights to int{bits}, {offset / 1e9:.2f} GB"
+                )
                 continue
             identity = _source_identity(weight, src_onnx.parent, transposed)
             if identity is not None and identity in done:
@@ -169,7 +175,7 @@ def quantize_graph(
             if tnode is not None:
                 removed_nodes.add(id(tnode))
             if (k + 1) % 16 == 0 or k + 1 == len(plans):
-                progress(f"{src_onnx.name}: {k + 1}/{len(plans)} MatMul weights to int{bits}, {offset / 1e9:.2f} GB")
+                report(k + 1)
 
     keep_nodes = [m for n in graph.node if id(n) not in removed_nodes for m in expanded.get(id(n), [n])]
     still_used = {i for n in keep_nodes for i in n.input}
@@ -212,46 +218,42 @@ def _external_tensor(name: str, data_type: int, shape: tuple, location: str, off
 
 
 def _rewrite(matmuls, tensors, K: int, N: int, bits: int, block_size: int, accuracy_level: int) -> None:
+    for node in matmuls:
+        name = (node.name or node.output[0]) + "_nbits"
+        node.CopyFrom(
+            _nbits_node(node.input[0], list(node.output), name, tensors, K, N, bits, block_size, accuracy_level)
+        )
+
+
+def _nbits_node(x: str, outputs: list[str], name: str, tensors, K, N, bits, block_size, accuracy_level):
     from onnx import helper
 
-    for node in matmuls:
-        qnode = helper.make_node(
-            "MatMulNBits",
-            [node.input[0], tensors[0].name, tensors[1].name],
-            list(node.output),
-            name=(node.name or node.output[0]) + "_nbits",
-            domain="com.microsoft",
-            K=K,
-            N=N,
-            bits=bits,
-            block_size=block_size,
-            **({"accuracy_level": accuracy_level} if accuracy_level else {}),
-        )
-        node.CopyFrom(qnode)
+    return helper.make_node(
+        "MatMulNBits",
+        [x, tensors[0].name, tensors[1].name],
+        outputs,
+        name=name,
+        domain="com.microsoft",
+        K=K,
+        N=N,
+        bits=bits,
+        block_size=block_size,
+        **({"accuracy_level": accuracy_level} if accuracy_level else {}),
+    )
 
 
 def _stacked(
     nodes, weights: list[str], widths: list[int], tensors, K: int, bits: int, block_size: int, accuracy_level: int
 ):
     """One MatMulNBits over the stacked weights and a Split back into the MatMuls' own outputs; the
-    stacked node names its parts (FUSED_WEIGHTS_KEY) so later rewrites can still tell q from k from v."""
+    stacked node names its parts (STACKED_WEIGHTS_KEY) so later rewrites can still tell q from k from v."""
     from onnx import helper, numpy_helper
 
     out = nodes[0].output[0] + ".stacked"
-    node = helper.make_node(
-        "MatMulNBits",
-        [nodes[0].input[0], tensors[0].name, tensors[1].name],
-        [out],
-        name=(nodes[0].name or nodes[0].output[0]) + "_stacked_nbits",
-        domain="com.microsoft",
-        K=K,
-        N=sum(widths),
-        bits=bits,
-        block_size=block_size,
-        **({"accuracy_level": accuracy_level} if accuracy_level else {}),
-    )
+    name = (nodes[0].name or nodes[0].output[0]) + "_stacked_nbits"
+    node = _nbits_node(nodes[0].input[0], [out], name, tensors, K, sum(widths), bits, block_size, accuracy_level)
     entry = node.metadata_props.add()
-    entry.key, entry.value = FUSED_WEIGHTS_KEY, ",".join(weights)
+    entry.key, entry.value = STACKED_WEIGHTS_KEY, ",".join(weights)
     sizes = numpy_helper.from_array(np.array(widths, np.int64), out + ".sizes")
     split = helper.make_node("Split", [out, sizes.name], [n.output[0] for n in nodes], name=out + "_split", axis=-1)
     return [node, split], sizes
