@@ -16,7 +16,7 @@ weights; fp32 should agree, int4 quantisers differ).
 With --llama-cpp SRC (a llama.cpp source tree, e.g. the `vendor/llama.cpp` of the llama-cpp-python
 sdist: `pip download llama-cpp-python --no-binary :all:`), llama.cpp joins the rounds too (installed
 by `PEERS_LLAMA_CPP=1 bash benchmarks/peers_setup.sh`): the target converted to GGUF f32 by the tree's
-convert_hf_to_gguf.py and quantised to --llama-quants (q8_0, q4_0) through llama_cpp's quantise call,
+convert_hf_to_gguf.py and quantised to --llama-quants (q8_0, q4_0, q4_k_m) through llama_cpp's quantise call,
 run with 2 threads (this machine's cores) through llama-cpp-python, same prompt ids, greedy.
 """
 
@@ -42,7 +42,7 @@ def genai_model(pair: Path, work: Path, precision: str) -> Path:
     return out
 
 
-def dflash_engine(pair: Path, work: Path, precision: str, spinning: bool):
+def dflash_engine(pair: Path, work: Path, precision: str, spinning: bool, block: int):
     from dflash_cli.cache import Cache
     from dflash_cli.decoding.engine import Engine
     from dflash_cli.pipeline import build
@@ -55,6 +55,7 @@ def dflash_engine(pair: Path, work: Path, precision: str, spinning: bool):
         "export: {ctx_len: 1024, prefill_seq_len: 128}\n"
     )
     sets = [f"compile.ort.precision={precision}", f"compile.ort.allow_spinning={str(spinning).lower()}"]
+    sets += [f"compile.ort.block_size={block}"] if precision != "fp32" else []
     r = load_recipe(str(recipe), sets)
     cache = Cache(work / "dflash-cache")
     build(r, cache)
@@ -95,7 +96,11 @@ def llama_model(pair: Path, work: Path, src: Path, quant: str) -> Path:
         import llama_cpp
 
         params = llama_cpp.llama_model_quantize_default_params()
-        params.ftype = {"q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0, "q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0}[quant]
+        params.ftype = {
+            "q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0,
+            "q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0,
+            "q4_k_m": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M,
+        }[quant]
         params.nthread = 2
         if llama_cpp.llama_model_quantize(str(f32).encode(), str(out).encode(), params) != 0:
             raise SystemExit(f"llama.cpp could not quantise {f32} to {quant}")
@@ -145,6 +150,8 @@ def main() -> None:
     ap.add_argument("--llama-cpp", type=Path, help="llama.cpp source tree (its converter); adds llama.cpp")
     ap.add_argument("--llama-quants", default="f32,q8_0,q4_0")
     ap.add_argument("--threads", type=int, default=2, help="llama.cpp threads (ORT uses its own default)")
+    ap.add_argument("--dflash-blocks", default="32", help="int8/int4 block sizes, one dflash build each")
+    ap.add_argument("--dflash-spinning", default="off,on", help="dflash plain rows: spinning off, on or both")
     args = ap.parse_args()
     import dflash_cli.backends.ort as ort_backend
 
@@ -159,9 +166,11 @@ def main() -> None:
     engines: dict[str, tuple[str, object]] = {}
     for precision in args.precisions.split(","):
         engines[f"genai {precision}"] = ("genai", og.Model(str(genai_model(args.pair, args.work, precision))))
-        for spinning in (False, True):
-            e = dflash_engine(args.pair, args.work, precision, spinning)
-            engines[f"dflash {precision} plain, spinning {'on' if spinning else 'off'}"] = ("dflash", e)
+        for block in args.dflash_blocks.split(",") if precision != "fp32" else ["-"]:
+            for spin in args.dflash_spinning.split(","):
+                e = dflash_engine(args.pair, args.work, precision, spin == "on", int(block) if block != "-" else 0)
+                label = f"dflash {precision}" + (f" block {block}" if block != "-" else "")
+                engines[f"{label} plain, spinning {spin}"] = ("dflash", e)
     if args.llama_cpp:
         import llama_cpp
 
@@ -195,8 +204,10 @@ def main() -> None:
         "reps": args.reps,
         "engines": {},
     }
-    # The closest llama.cpp precision to each of ours.
-    closest = {"fp32": "llama.cpp f32", "int4": "llama.cpp q4_0", "int8": "llama.cpp q8_0"}
+    # The closest llama.cpp precisions to each of ours. Bits per weight: q4_0 4.5 (32-weight blocks, fp16
+    # scales), Q4_K_M ~4.9 (q4_K super-blocks of 256, some tensors q6_K); MatMulNBits keeps fp32 scales, so
+    # int4 is 5.0 at block 32, 4.5 at block 64, 4.25 at block 128.
+    closest = {"fp32": ["llama.cpp f32"], "int4": ["llama.cpp q4_0", "llama.cpp q4_k_m"], "int8": ["llama.cpp q8_0"]}
     for name, r in rates.items():
         precision = name.split()[1]
         entry = {"decode_tok_s_median": statistics.median(r), "range": [min(r), max(r)]}
@@ -206,11 +217,11 @@ def main() -> None:
             same = sum(a == b for a, b in zip(outputs[name], outputs[f"genai {precision}"]))
             entry |= {"vs_genai": statistics.median(r) / ref, "tokens_equal_to_genai": f"{same}/{len(outputs[name])}"}
             line += f"  {statistics.median(r) / ref:.2f}x GenAI  tokens equal to GenAI {same}/{len(outputs[name])}"
-        peer = closest.get(precision)
-        if name.startswith("dflash") and peer in rates:
-            ratio = statistics.median(r) / statistics.median(rates[peer])
-            entry[f"vs_{peer.replace(' ', '_')}"] = ratio
-            line += f"  {ratio:.2f}x {peer}"
+        for peer in closest.get(precision, []):
+            if name.startswith("dflash") and peer in rates:
+                ratio = statistics.median(r) / statistics.median(rates[peer])
+                entry[f"vs_{peer.replace(' ', '_')}"] = ratio
+                line += f"  {ratio:.2f}x {peer}"
         doc["engines"][name] = entry
         print(line)
     if args.out:
