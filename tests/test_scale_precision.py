@@ -39,6 +39,9 @@ def test_weight_only_precisions_stay_lossless(precision: str, family: str, reque
     draft = onnx.load(str(engine.compile_dir / "draft.onnx"), load_external_data=False)
     head = next(t for t in draft.graph.initializer if "lm_head" in t.name and t.name.endswith(f".w{precision[-1]}"))
     assert {e.key: e.value for e in head.external_data}["location"] == "target.onnx.q.data"
+    # The prefix-cache twins read the same weights: each quantised tensor, stacked or not, is the first copy.
+    for twin in ("target_prefix", "draft_prefix"):
+        assert (engine.compile_dir / f"{twin}.onnx.q.data").stat().st_size == 0
     for prompt in _prompts(engine):
         plain = engine.generate(prompt, mode="plain", max_new_tokens=12)
         assert engine.generate(prompt, mode="dflash", max_new_tokens=12).tokens == plain.tokens

@@ -22,7 +22,7 @@ CHECK_FLOOR_BYTES = 1 << 30  # graphs this small are always loaded and checked a
 
 class CompileStage:
     name = "compile"
-    version = 5  # 4: the prefix-cache target's attention -> GroupQueryAttention; 5: stacked q/k/v, gate/up (int8/int4)
+    version = 6  # 4: prefix target attention -> GroupQueryAttention; 5: stacked q/k/v, gate/up; 6: twins share stacks
     upstream = ("export",)
     tools: tuple[str, ...] = ("onnx", "onnxruntime")  # the QAIC SDK version is in key_fields
 
