@@ -19,6 +19,7 @@ import numpy as np
 from dflash_cli.backends.base import is_cache_input
 from dflash_cli.backends.ort import OrtSettings
 from dflash_cli.backends.ort_prefix import cpu_session
+from dflash_cli.backends.single_row import first_row, pad_single_row
 from dflash_cli.errors import BackendError
 
 
@@ -33,6 +34,7 @@ def is_in_place_graph(onnx_path: Path) -> bool:
 
 class OrtInPlaceKvSession:
     variable_length = True  # calls of any number of tokens
+    pad_single_rows = True  # a one-token call runs as two rows (single_row.py): the rows a block would compute
 
     def __init__(
         self,
@@ -75,6 +77,13 @@ class OrtInPlaceKvSession:
             arr.fill(fill)
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self.pad_single_rows:
+            feeds, padded = pad_single_row(feeds, self.ctx_len)
+            if padded:
+                return first_row(self._run(feeds))
+        return self._run(feeds)
+
+    def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         positions = np.asarray(feeds["position_ids"])
         n = positions.shape[1]
         start = int(positions[0, 0])

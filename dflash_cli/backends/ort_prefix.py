@@ -21,6 +21,7 @@ import numpy as np
 
 from dflash_cli.backends.base import is_cache_input
 from dflash_cli.backends.ort import OrtSettings, resolve_provider, session_options
+from dflash_cli.backends.single_row import first_row, pad_single_row
 from dflash_cli.errors import BackendError
 
 PRESENT_PREFIX = "present_"
@@ -58,6 +59,7 @@ def cpu_session(onnx_path: Path, name: str, kind: str, settings: OrtSettings | N
 
 class OrtPrefixSession:
     variable_length = True  # calls of any number of tokens: nothing is padded to a fixed shape
+    pad_single_rows = True  # ... except that a one-token target call runs as two rows (single_row.py)
 
     def __init__(
         self,
@@ -94,6 +96,13 @@ class OrtPrefixSession:
             buf.fill(fill)
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self.pad_single_rows and self._positions_input == "position_ids":  # the target (see single_row.py)
+            feeds, padded = pad_single_row(feeds, self.ctx_len)
+            if padded:
+                return first_row(self._run(feeds))
+        return self._run(feeds)
+
+    def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         positions = np.asarray(feeds[self._positions_input])
         start = int(positions[0, 0])
         if start < 0 or start + positions.shape[1] > self.ctx_len:

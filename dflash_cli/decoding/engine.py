@@ -288,7 +288,12 @@ def _open(backend: str, compile_dir: Path, graph: str, recipe: Any, tables=None,
     settings = OrtSettings(o.intra_op_threads, o.graph_optimization, o.provider, spin)
     on_cpu = resolve_provider(settings.provider) == "CPUExecutionProvider"
     prefix = info["graphs"].get(f"{graph}_prefix")
-    if prefix and on_cpu and o.prefix_cache:
+    facts_path = compile_dir / "compile.json"
+    facts = json.loads(facts_path.read_text()) if facts_path.is_file() else {}
+    # The build found the prefix-cache target's rows depending on the call's length (ortcompile/checks.py):
+    # greedy DFlash would not always equal greedy plain on it, so both graphs run in their static form.
+    lossless = facts.get("prefix_target_lossless", True)
+    if prefix and on_cpu and o.prefix_cache and lossless:
         from dflash_cli.backends.ort_prefix import open_prefix_session
 
         path = compile_dir / prefix["onnx"]

@@ -4,7 +4,8 @@ Causal invariance: a position's outputs must not change when later tokens of the
 Greedy speculative decoding is lossless only if a verify block gives each position what plain
 decoding would; a precision scheme that shares numbers across positions (one dynamic activation
 scale per call) breaks this, and this check catches it at build time instead of as a "lossless
-mismatch" at run time.
+mismatch" at run time. Call-length invariance: the same positions give bit-equal outputs in one
+verify-sized call and in one-token calls, which is what plain decoding and a verify block compare.
 """
 
 from __future__ import annotations
@@ -66,6 +67,36 @@ def causal_invariance(sess, info: dict, vocab_size: int, seed: int = 0) -> dict:
                 hint="this precision mixes positions (e.g. per-call activation scales) and would break lossless "
                 "decoding; use compile.ort.precision fp32, int8 or int4 (weight-only)",
             )
+    return diffs
+
+
+def call_length_invariance(sess, info: dict, vocab_size: int, seed: int = 1) -> dict:
+    """A verify-sized call, then its rows again one call each (what plain decoding runs); the largest
+    difference per output (tokens: the fraction that differ). Lossless needs 0.0 everywhere.
+
+    For the variable-length (prefix-cache) target. Greedy DFlash equals greedy plain only if a
+    position's numbers do not depend on how many rows its call had: a last-bit difference flips
+    near-tie tokens (backends/single_row.py: ONNX Runtime's one-row kernels, and why one-token
+    calls run as two rows).
+    """
+    B = info["block_size"]
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, vocab_size, size=(1, 2 * B), dtype=np.int64)
+    sess.reset()
+    sess.run({"input_ids": ids[:, :B], "position_ids": np.arange(B, dtype=np.int64)[None]})
+    block = sess.run({"input_ids": ids[:, B:], "position_ids": np.arange(B, 2 * B, dtype=np.int64)[None]})
+    rows = [
+        sess.run({"input_ids": ids[:, B + i : B + i + 1], "position_ids": np.array([[B + i]], np.int64)})
+        for i in range(B)
+    ]
+    sess.reset()
+    diffs = {}
+    for name, a in block.items():
+        b = np.concatenate([r[name] for r in rows], axis=1)
+        if np.issubdtype(a.dtype, np.integer):
+            diffs[name] = float(np.mean(a != b))
+        else:
+            diffs[name] = float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
     return diffs
 
 

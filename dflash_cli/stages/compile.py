@@ -22,7 +22,7 @@ CHECK_FLOOR_BYTES = 1 << 30  # graphs this small are always loaded and checked a
 
 class CompileStage:
     name = "compile"
-    version = 6  # 4: prefix target attention -> GroupQueryAttention; 5: stacked q/k/v, gate/up; 6: twins share stacks
+    version = 7  # 4: target attention -> GQA; 5: stacked q/k/v, gate/up; 6: twins share stacks; 7: call-length check
     upstream = ("export",)
     tools: tuple[str, ...] = ("onnx", "onnxruntime")  # the QAIC SDK version is in key_fields
 
@@ -62,6 +62,7 @@ def _compile_ort(ctx: StageContext) -> dict[str, Any]:
     from dflash_cli.backends.ort import OrtSession, OrtSettings
     from dflash_cli.backends.ort_prefix import open_prefix_session
     from dflash_cli.ortcompile.checks import (
+        call_length_invariance,
         causal_invariance,
         graph_weight_bytes,
         matches_reference,
@@ -163,9 +164,18 @@ def _compile_ort(ctx: StageContext) -> dict[str, Any]:
                 facts[f"{gname}_prefix_max_diff"] = matches_reference(sess, reference, label, info["dtype"], quantized)
                 if gname == "target":  # what decoding runs on the CPU: its positions must stay independent too
                     facts["prefix_causal_invariance_max_diff"] = causal_invariance(sess, info, pair["vocab_size"])
+                    moved = call_length_invariance(sess, info, pair["vocab_size"])
+                    facts["prefix_call_length_max_diff"] = moved
+                    if any(moved.values()):  # the engine then runs the static graphs (fixed call shapes)
+                        facts["prefix_target_lossless"] = False
+                        ctx.progress(
+                            "warning: on this machine's ONNX Runtime the prefix-cache target's outputs depend on "
+                            "the call's length; `dflash run` will use the static graphs (lossless, slower)"
+                        )
                 del sess
         done += ["fused vs unfused"] if unfused else []
         done += ["prefix cache vs static"] if any(g.endswith("_prefix") for g in info["graphs"]) else []
+        done += ["call length"] if "target_prefix" in info["graphs"] else []
         facts["checks"] = " + ".join([*done, "causal invariance"])
     else:
         # Loading the graphs here would hold more than the build's memory bound (1.5x the checkpoint);
