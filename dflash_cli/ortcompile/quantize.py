@@ -133,7 +133,7 @@ def quantize_graph(
             progress(f"{src_onnx.name}: {count}/{len(plans)} MatMul weights to int{bits}, {offset / 1e9:.2f} GB")
 
         handled: set[str] = set()
-        for k, (wname, (weight, transposed, tnode, matmuls)) in enumerate(plans.items()):
+        for wname, (weight, transposed, tnode, matmuls) in plans.items():
             if wname in handled:
                 continue
             group = group_of.get(wname)
@@ -164,9 +164,7 @@ def quantize_graph(
                 handled |= set(group)
                 rewritten += len(group)
                 grouped += 1
-                progress(
-                    f"{src_onnx.name}: {len(handled)}/{len(plans)} MatMul weights to int{bits}, {offset / 1e9:.2f} GB"
-                )
+                report(len(handled))
                 continue
             identity = _source_identity(weight, src_onnx.parent, transposed)
             if identity is not None and identity in done:
@@ -183,8 +181,9 @@ def quantize_graph(
             rewritten += len(matmuls)
             if tnode is not None:
                 removed_nodes.add(id(tnode))
-            if (k + 1) % 16 == 0 or k + 1 == len(plans):
-                report(k + 1)
+            handled.add(wname)
+            if len(handled) % 16 == 0 or len(handled) == len(plans):
+                report(len(handled))
 
     keep_nodes = [m for n in graph.node if id(n) not in removed_nodes for m in expanded.get(id(n), [n])]
     still_used = {i for n in keep_nodes for i in n.input}
