@@ -64,8 +64,27 @@ def test_a_target_found_call_length_dependent_runs_its_static_graph(qwen3_engine
     assert isinstance(_open("ort", tmp_path, "target", qwen3_engine.recipe), OrtSession)
 
 
+@pytest.mark.parametrize("engine_name", ["qwen3_engine", "llama_engine"])
+def test_the_build_says_how_one_token_calls_run_and_the_engine_follows(engine_name, request) -> None:
+    engine = request.getfixturevalue(engine_name)
+    facts = json.loads((engine.compile_dir / "compile.json").read_text())
+    assert facts["prefix_one_token_calls"] in ("one row", "two rows")
+    assert engine.target.pad_single_rows == (facts["prefix_one_token_calls"] == "two rows")
+
+
+def test_a_one_token_call_at_the_last_slot_runs(qwen3_engine) -> None:
+    """The attention pads it to two rows in the graph: the padding row lands in the buffer's spare slot."""
+    sess = qwen3_engine.target
+    sess.reset()
+    last = sess.ctx_len - 1
+    out = sess.run({"input_ids": np.array([[3]]), "position_ids": np.array([[last]])})
+    assert all(np.isfinite(v).all() for v in out.values() if v.dtype.kind == "f")
+    sess.reset()
+
+
 def test_one_token_target_calls_run_as_two_rows(qwen3_engine, monkeypatch) -> None:
     sess = qwen3_engine.target
+    monkeypatch.setattr(sess, "pad_single_rows", True)
     seen = []
     real = type(sess)._run
     monkeypatch.setattr(type(sess), "_run", lambda self, feeds: seen.append(feeds["position_ids"]) or real(self, feeds))

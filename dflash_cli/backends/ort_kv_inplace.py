@@ -58,8 +58,11 @@ class OrtInPlaceKvSession:
             raise BackendError(f"{name}: not an in-place-cache graph (no outputs {missing[:2]})")
         self.output_names = [o for o in outputs if o not in present.values()]
         dtype = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+        from dflash_cli.ortcompile.gqa import SPARE_SLOTS
+
+        slots = ctx_len + SPARE_SLOTS  # the graph attends a one-token call as two rows, even at the last slot
         self._arrays = {
-            i.name: np.zeros((1, i.shape[1], ctx_len, i.shape[3]), dtype[i.type]) for i in inputs if i.name in present
+            i.name: np.zeros((1, i.shape[1], slots, i.shape[3]), dtype[i.type]) for i in inputs if i.name in present
         }
         self._binding = self._sess.io_binding()
         self._values = []  # the OrtValues wrap the numpy arrays' memory (CPU, no copy): both stay alive here

@@ -298,7 +298,10 @@ def _open(backend: str, compile_dir: Path, graph: str, recipe: Any, tables=None,
 
         path = compile_dir / prefix["onnx"]
         shared = tables.for_graph(path) if tables is not None else None
-        return open_prefix_session(path, graph, info["ctx_len"], settings, shared)
+        sess = open_prefix_session(path, graph, info["ctx_len"], settings, shared)
+        # The build found one-token calls already computing a block's numbers: no second row to pay for.
+        sess.pad_single_rows = facts.get("prefix_one_token_calls") != "one row"
+        return sess
     shared = tables.for_graph(path) if tables is not None and on_cpu else None
     sess = OrtSession(path, graph, settings, shared)
     return sess

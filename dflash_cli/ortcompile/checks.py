@@ -76,7 +76,7 @@ def call_length_invariance(sess, info: dict, vocab_size: int, seed: int = 1) -> 
 
     For the variable-length (prefix-cache) target. Greedy DFlash equals greedy plain only if a
     position's numbers do not depend on how many rows its call had: a last-bit difference flips
-    near-tie tokens (backends/single_row.py: ONNX Runtime's one-row kernels, and why one-token
+    near-tie tokens (backends/single_row.py: ONNX Runtime's one-row kernels, and when one-token
     calls run as two rows).
     """
     B = info["block_size"]

@@ -33,7 +33,8 @@ from pathlib import Path
 import numpy as np
 
 KV_LAYOUT_KEY = "dflash.kv_cache"
-KV_IN_PLACE = "in_place_bnsh"  # past_* / present_* share [1, kv_heads, ctx_len, head_dim] buffers
+KV_IN_PLACE = "in_place_bnsh"  # past_* / present_* share [1, kv_heads, ctx_len + SPARE_SLOTS, head_dim] buffers
+SPARE_SLOTS = 1  # for the padding row of a one-token call at the last slot (one-token calls attend as two rows)
 _PROJ = re.compile(r"layers\.(\d+)\.self_attn\.([qkvo])_proj\.weight(\.w\d+)?$")
 
 
@@ -132,19 +133,30 @@ def rewrite_attention(model, base_dir: Path) -> GqaResult:
     new_nodes, new_inits = [], []
     names = {"cos": "gqa.cos_cache", "sin": "gqa.sin_cache"}
     for kind, arr in halves.items():
+        # One row more than the cache has slots: a one-token call at the last slot attends as two rows,
+        # and its padding row sits in the spare slot past ctx_len (SPARE_SLOTS; never read, so its angle
+        # does not matter).
+        arr = np.concatenate([arr, arr[-1:]])
         new_inits.append(numpy_helper.from_array(np.ascontiguousarray(arr.astype(np_dtype)), names[kind]))
     new_inits += [
         numpy_helper.from_array(np.array([0], np.int64), "gqa.zero"),
         numpy_helper.from_array(np.array([1], np.int64), "gqa.one"),
+        numpy_helper.from_array(np.array([2], np.int64), "gqa.two"),
         numpy_helper.from_array(np.array([0, 0, -1], np.int64), "gqa.flat_heads"),
     ]
-    # Cache length after the call = first position + tokens in the call (padding rows included: their
-    # K/V land in slots past the real ones, which the next call overwrites before anyone reads them).
+    # Cache length after the call = first position + rows attended (padding rows included: their K/V
+    # land in slots past the real ones, which the next call overwrites before anyone reads them).
+    # A one-token call attends as two rows (the token repeated at the next slot): the kernel's one-row
+    # path rounds differently from a block's, and plain decoding must see a verify block's numbers
+    # (backends/single_row.py). Only q/k/v are padded, so the projections keep their one-row cost.
     new_nodes += [
         helper.make_node("Gather", ["position_ids", "gqa.zero"], ["gqa.start2d"], axis=1),
         helper.make_node("Squeeze", ["gqa.start2d", "gqa.zero"], ["gqa.start"]),
         helper.make_node("Shape", ["input_ids"], ["gqa.seq_len"], start=1, end=2),
-        helper.make_node("Add", ["gqa.start", "gqa.seq_len"], ["gqa.total64"]),
+        helper.make_node("Max", ["gqa.seq_len", "gqa.two"], ["gqa.rows"]),
+        helper.make_node("Sub", ["gqa.rows", "gqa.seq_len"], ["gqa.pad_rows"]),
+        helper.make_node("Concat", ["gqa.zero"] * 4 + ["gqa.pad_rows", "gqa.zero"], ["gqa.pads"], axis=0),
+        helper.make_node("Add", ["gqa.start", "gqa.rows"], ["gqa.total64"]),
         helper.make_node("Sub", ["gqa.total64", "gqa.one"], ["gqa.seqlens64"]),
         helper.make_node("Cast", ["gqa.seqlens64"], ["gqa.seqlens_k"], to=TensorProto.INT32),
         helper.make_node("Squeeze", ["gqa.total64", "gqa.zero"], ["gqa.total_scalar64"]),
@@ -166,13 +178,17 @@ def rewrite_attention(model, base_dir: Path) -> GqaResult:
                 flat.append(name)
             else:
                 flat.append(tensor)
+        padded = []
+        for tag, tensor in zip("qkv", (flat[0], flat[1], v)):
+            padded.append(f"gqa.{i}.{tag}_rows")
+            nodes.append(helper.make_node("Pad", [tensor, "gqa.pads"], [padded[-1]], mode="edge"))
         out = f"gqa.{i}.attention"
         nodes.append(
             helper.make_node(
                 "GroupQueryAttention",
-                [flat[0], flat[1], v, f"past_key.{i}", f"past_value.{i}", "gqa.seqlens_k", "gqa.total_len"]
+                [*padded, f"past_key.{i}", f"past_value.{i}", "gqa.seqlens_k", "gqa.total_len"]
                 + [names["cos"], names["sin"]],
-                [out, f"present_key.{i}", f"present_value.{i}"],
+                [out + "_rows", f"present_key.{i}", f"present_value.{i}"],
                 name=f"layers.{i}.GroupQueryAttention",
                 domain="com.microsoft",
                 num_heads=heads,
@@ -181,6 +197,7 @@ def rewrite_attention(model, base_dir: Path) -> GqaResult:
                 scale=float(head_dim**-0.5),
             )
         )
+        nodes.append(helper.make_node("Slice", [out + "_rows", "gqa.zero", "gqa.seq_len", "gqa.one"], [out]))
         o_proj.input[0] = out
         inserted_before[id(o_proj)] = nodes
         for kv in ("key", "value"):

@@ -22,7 +22,7 @@ CHECK_FLOOR_BYTES = 1 << 30  # graphs this small are always loaded and checked a
 
 class CompileStage:
     name = "compile"
-    version = 7  # 4: target attention -> GQA; 5: stacked q/k/v, gate/up; 6: twins share stacks; 7: call-length check
+    version = 8  # 5: stacked q/k/v, gate/up; 6: twins share stacks; 7: call-length check; 8: GQA pads one-row calls
     upstream = ("export",)
     tools: tuple[str, ...] = ("onnx", "onnxruntime")  # the QAIC SDK version is in key_fields
 
@@ -52,6 +52,26 @@ class CompileStage:
         return _compile_ort(ctx)
 
 
+def _check_call_length(sess, info: dict, vocab_size: int, facts: dict, progress) -> None:
+    """One-token calls as they are, else as two rows (backends/single_row.py), else the static graphs."""
+    from dflash_cli.ortcompile.checks import call_length_invariance
+
+    sess.pad_single_rows = False
+    moved, rows = call_length_invariance(sess, info, vocab_size), "one row"
+    if any(moved.values()):
+        sess.pad_single_rows = True
+        moved, rows = call_length_invariance(sess, info, vocab_size), "two rows"
+    facts["prefix_call_length_max_diff"] = moved
+    if not any(moved.values()):
+        facts["prefix_one_token_calls"] = rows
+    else:  # the engine then runs the static graphs (fixed call shapes)
+        facts["prefix_target_lossless"] = False
+        progress(
+            "warning: on this machine's ONNX Runtime the prefix-cache target's outputs depend on the call's "
+            "length; `dflash run` will use the static graphs (lossless, slower)"
+        )
+
+
 def _qaic_options(recipe: Any):
     from dflash_cli.qaic.command import QaicCompileOptions
 
@@ -62,7 +82,6 @@ def _compile_ort(ctx: StageContext) -> dict[str, Any]:
     from dflash_cli.backends.ort import OrtSession, OrtSettings
     from dflash_cli.backends.ort_prefix import open_prefix_session
     from dflash_cli.ortcompile.checks import (
-        call_length_invariance,
         causal_invariance,
         graph_weight_bytes,
         matches_reference,
@@ -164,14 +183,7 @@ def _compile_ort(ctx: StageContext) -> dict[str, Any]:
                 facts[f"{gname}_prefix_max_diff"] = matches_reference(sess, reference, label, info["dtype"], quantized)
                 if gname == "target":  # what decoding runs on the CPU: its positions must stay independent too
                     facts["prefix_causal_invariance_max_diff"] = causal_invariance(sess, info, pair["vocab_size"])
-                    moved = call_length_invariance(sess, info, pair["vocab_size"])
-                    facts["prefix_call_length_max_diff"] = moved
-                    if any(moved.values()):  # the engine then runs the static graphs (fixed call shapes)
-                        facts["prefix_target_lossless"] = False
-                        ctx.progress(
-                            "warning: on this machine's ONNX Runtime the prefix-cache target's outputs depend on "
-                            "the call's length; `dflash run` will use the static graphs (lossless, slower)"
-                        )
+                    _check_call_length(sess, info, pair["vocab_size"], facts, ctx.progress)
                 del sess
         done += ["fused vs unfused"] if unfused else []
         done += ["prefix cache vs static"] if any(g.endswith("_prefix") for g in info["graphs"]) else []
@@ -186,6 +198,16 @@ def _compile_ort(ctx: StageContext) -> dict[str, Any]:
             f"({budget / 1e9:.1f} GB)"
         )
         ctx.progress(f"checks {facts['checks']}")
+        if "target_prefix" in info["graphs"] and weights["target_prefix"] <= budget:
+            # What decoding runs alone fits: how its one-token calls must run is still worth knowing.
+            ctx.progress("loading the prefix-cache target (call-length check)")
+            settings = OrtSettings(ort_cfg.intra_op_threads, ort_cfg.graph_optimization)
+            twin = out / info["graphs"]["target_prefix"]["onnx"]
+            sess = open_prefix_session(twin, "target", info["ctx_len"], settings)
+            vocab = json.loads((src / "pair.json").read_text())["vocab_size"]
+            _check_call_length(sess, info, vocab, facts, ctx.progress)
+            del sess
+            facts["checks"] += "; call length checked"
     for keep in unfused.values():
         keep.unlink()
     shutil.copy2(src / "export.json", out / "export.json")
