@@ -34,7 +34,7 @@ def is_in_place_graph(onnx_path: Path) -> bool:
 
 class OrtInPlaceKvSession:
     variable_length = True  # calls of any number of tokens
-    pad_single_rows = True  # a one-token call runs as two rows (single_row.py): the rows a block would compute
+    pad_single_rows = True  # a one-token call as two rows (single_row.py); the engine sets it from the build
 
     def __init__(
         self,

@@ -59,7 +59,7 @@ def cpu_session(onnx_path: Path, name: str, kind: str, settings: OrtSettings | N
 
 class OrtPrefixSession:
     variable_length = True  # calls of any number of tokens: nothing is padded to a fixed shape
-    pad_single_rows = True  # ... except that a one-token target call runs as two rows (single_row.py)
+    pad_single_rows = True  # ... but a one-token target call as two rows (single_row.py; the engine decides)
 
     def __init__(
         self,
