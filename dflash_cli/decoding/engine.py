@@ -265,6 +265,8 @@ def _median_seconds(call, repeats: int) -> float:
 
 def _open(backend: str, compile_dir: Path, graph: str, recipe: Any, tables=None, spinning: bool | None = None):
     info = json.loads((compile_dir / "export.json").read_text())
+    facts_path = compile_dir / "compile.json"
+    facts = json.loads(facts_path.read_text()) if facts_path.is_file() else {}
     if backend == "qaic":
         from dflash_cli.qaic.command import QaicCompileOptions
         from dflash_cli.qaic.compile import cores_per_device
@@ -272,8 +274,6 @@ def _open(backend: str, compile_dir: Path, graph: str, recipe: Any, tables=None,
         from dflash_cli.qaic.sdk import find_sdk
 
         options = QaicCompileOptions.from_mapping(recipe.compile.qaic.model_dump())
-        facts_path = compile_dir / "compile.json"
-        facts = json.loads(facts_path.read_text()) if facts_path.is_file() else {}
         hw = facts.get("hw_version") or recipe.compile.qaic.aic_hw_version or "ai100"
         options.check_fit(cores_per_device(hw, find_sdk()))  # both programs run at once: they must fit
         cores, devices = options.placement()[graph]
@@ -288,8 +288,6 @@ def _open(backend: str, compile_dir: Path, graph: str, recipe: Any, tables=None,
     settings = OrtSettings(o.intra_op_threads, o.graph_optimization, o.provider, spin)
     on_cpu = resolve_provider(settings.provider) == "CPUExecutionProvider"
     prefix = info["graphs"].get(f"{graph}_prefix")
-    facts_path = compile_dir / "compile.json"
-    facts = json.loads(facts_path.read_text()) if facts_path.is_file() else {}
     # The build found the prefix-cache target's rows depending on the call's length (ortcompile/checks.py):
     # greedy DFlash would not always equal greedy plain on it, so both graphs run in their static form.
     lossless = facts.get("prefix_target_lossless", True)
