@@ -116,7 +116,7 @@ def test_killed_export_publishes_nothing_and_leaves_upstream_whole(tiny_qwen3_pa
     def killed(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(graphs, "export_streamed", killed)
+    monkeypatch.setattr(graphs, "trace_template", killed)
     with pytest.raises(KeyboardInterrupt):
         build(recipe, cache)
     assert {e.stage for e in cache.entries()} == {"convert", "inject"}

@@ -17,9 +17,11 @@ from typing import Any
 
 import torch
 
+from dflash_cli.exporting import trace_worker
 from dflash_cli.exporting.external_data import Initializer, WrittenTensors
 from dflash_cli.exporting.replicate import ReplicationError
-from dflash_cli.exporting.torch_to_onnx import export_streamed
+from dflash_cli.exporting.torch_to_onnx import finish_template, trace_template, warm_up
+from dflash_cli.exporting.trace_worker import TraceWorker
 from dflash_cli.weights import WeightStore
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
@@ -64,8 +66,7 @@ def export_pair(
     draft_cfg = draft_cfg or draft_config(src)
     target = build_target(src, logits, cfg=target_cfg, layer_ids=layer_ids, device="meta", dtype=dtype)
     draft = build_draft(src, logits, cfg=draft_cfg, vocab=rows, device="meta", dtype=dtype)
-    written = WrittenTensors()
-    graphs: dict[str, Any] = {}
+    jobs: list[_Job] = []
     for gname, module, store, rename, rope_cfg, sym in (
         ("target", target, WeightStore.open(src / "target"), None, target_cfg, {"input_ids": 1, "position_ids": 1}),
         (
@@ -92,57 +93,96 @@ def export_pair(
                 _keep_rope_float32(traced)
                 rot = traced.rotary if gname == "target" else traced.draft.rotary
                 rot.use_tables(cos.to(device), sin.to(device))
+        # "_prefix": the same module traced in its prefix-cache form for ONNX Runtime (see
+        # StaticCacheTarget.use_prefix_cache); `written` makes it point at the weights already written.
         for flavour in ("", "_prefix") if prefix_graphs else ("",):
-            # "_prefix": the same module traced in its prefix-cache form for ONNX Runtime (see
-            # StaticCacheTarget.use_prefix_cache); `written` makes it point at the weights just written.
-            module.use_prefix_cache(flavour == "_prefix")
-            ins, outs = module.io_names()
+            jobs.append(_Job(gname, flavour, module, stand_in, store, rename, sources, sym))
+    written = WrittenTensors()
+    graphs: dict[str, Any] = {}
+
+    def trace(job: _Job):
+        return _trace(job, shape, dtype, opset)
+
+    # The draft's graphs are traced by a forked child while this process traces the target's and
+    # writes its weights (trace_worker.py); the order of writing stays the same, so shared weights
+    # are found.
+    split = len(jobs) // 2 if len(jobs) > 1 and trace_worker.usable() else len(jobs)
+    worker = None
+    if split < len(jobs):
+        warm_up(opset)  # imports and op registry once, inherited by the child
+        worker = TraceWorker(jobs[split:], trace)
+    own_trace_s = 0.0
+    try:
+        for i, job in enumerate(jobs):
             t0 = time.perf_counter()
-            report = _Throttled(progress, gname + flavour)
+            got = worker.take(i - split, job.sources, own_trace_s) if worker is not None and i >= split else None
+            if got is None:
+                model, by_graph_name = trace(job)
+                traced_s = time.perf_counter() - t0
+                own_trace_s = max(own_trace_s, traced_s)
+            else:
+                model, by_graph_name, traced_s = got
+                _set_flavour(job)
+            t1 = time.perf_counter()
+            name = job.gname + job.flavour
+            report = _Throttled(progress, name)
+            path = out / f"{name}.onnx"
             nbytes = None
-            job = (gname, flavour, shape, dtype, sym, out, sources, written, opset, report)
-            if stand_in is not None:
-                # Trace one layer and copy it to the real depth (exporting/replicate.py): minutes -> seconds.
-                stand_in.use_prefix_cache(flavour == "_prefix")
-                plan = _layer_plan(gname, module, ins, outs)
-                hook = twin.hook(gname, store, rename) if twin is not None and not flavour else None
+            if job.stand_in is not None:
+                # One layer traced, copied to the real depth (exporting/replicate.py): minutes -> seconds.
+                ins, outs = job.module.io_names()
+                plan = _layer_plan(job.gname, job.module, ins, outs)
+                hook = twin.hook(job.gname, job.store, job.rename) if twin is not None and not job.flavour else None
                 try:
-                    nbytes = _export(stand_in, plan, *job, on_template=hook)
+                    nbytes = finish_template(model, by_graph_name, path, job.sources, written, report, plan, hook)
                 except ReplicationError as exc:
-                    progress(f"{gname}{flavour}.onnx: tracing every layer ({exc})")
+                    progress(f"{name}.onnx: tracing every layer ({exc})")
             if nbytes is None:
-                nbytes = _export(module, None, *job)
-            graphs[gname + flavour] = {
-                **graph_facts(gname, module, shape, flavour),
+                whole = _Job(job.gname, job.flavour, job.module, None, job.store, job.rename, job.sources, job.sym)
+                model, by_graph_name = trace(whole)
+                nbytes = finish_template(model, by_graph_name, path, job.sources, written, report)
+            graphs[name] = {
+                **graph_facts(job.gname, job.module, shape, job.flavour),
                 "data_bytes": nbytes,
-                "seconds": round(time.perf_counter() - t0, 2),
+                "seconds": round(traced_s + time.perf_counter() - t1, 2),
             }
-        module.use_prefix_cache(False)
-        store.close()
+    finally:
+        if worker is not None:
+            worker.close()
+    for job in jobs:
+        job.module.use_prefix_cache(False)
+        job.store.close()
     return graphs
 
 
-def _export(
-    module, plan, gname, flavour, shape, dtype, sym, out, sources, written, opset, report, on_template=None
-) -> int:
-    ins, outs = module.io_names()
-    example = _example_inputs(gname, module, shape, dtype, prefix_cache=flavour == "_prefix")
-    past = tuple(n for n in ins if n.startswith("past_")) if flavour else ()
-    return export_streamed(
-        module,
-        example,
-        ins,
-        outs,
-        sym,
-        out / f"{gname}{flavour}.onnx",
-        sources,
-        written,
-        opset=opset,
-        progress=report,
-        past_len_inputs=past,
-        replicate=plan,
-        on_template=on_template,
-    )
+@dataclass
+class _Job:
+    """One graph to export: `module` at its real depth, traced as `stand_in` (one layer) when given."""
+
+    gname: str
+    flavour: str  # "" (static cache) or "_prefix"
+    module: Any
+    stand_in: Any
+    store: WeightStore
+    rename: Any
+    sources: dict[str, Initializer]
+    sym: dict[str, int]
+
+
+def _set_flavour(job: _Job) -> None:
+    for m in (job.module, job.stand_in):
+        if m is not None:
+            m.use_prefix_cache(job.flavour == "_prefix")
+
+
+def _trace(job: _Job, shape: PairShape, dtype, opset: int):
+    _set_flavour(job)
+    traced = job.stand_in if job.stand_in is not None else job.module
+    ins, outs = traced.io_names()
+    prefix_cache = job.flavour == "_prefix"
+    example = _example_inputs(job.gname, traced, shape, dtype, prefix_cache=prefix_cache)
+    past = tuple(n for n in ins if n.startswith("past_")) if prefix_cache else ()
+    return trace_template(traced, example, ins, outs, job.sym, job.sources, opset, past)
 
 
 def _one_layer_stand_in(gname, module, hf_config, src: Path, logits: bool, dtype, rows):

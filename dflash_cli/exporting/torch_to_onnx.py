@@ -1,8 +1,8 @@
 """torch.onnx export with only `seq_len` symbolic (batch 1, static ctx_len), as accelerators want.
 
-`export_streamed` (the dynamo exporter) traces a module whose parameters live on the meta device,
-so tracing holds no weights, then streams each initializer from the checkpoint into external data
-(see external_data.py): peak memory is the largest tensor, not the model. `export_module` (the
+`trace_template` (the dynamo exporter) traces a module whose parameters live on the meta device,
+so tracing holds no weights; `finish_template` then streams each initializer from the checkpoint
+into external data (see external_data.py): peak memory is the largest tensor, not the model. `export_module` (the
 TorchScript exporter) needs real weights and is kept for small models and as a fallback.
 """
 
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -23,30 +22,21 @@ EXTERNAL_DATA_BYTES = 1 << 30
 WRAPPER_PREFIX = "inner."  # _ExplicitArgs holds the module as `inner`
 
 
-def export_streamed(
+def trace_template(
     module: torch.nn.Module,
     example_inputs: tuple[torch.Tensor, ...],
     input_names: list[str],
     output_names: list[str],
     symbolic_inputs: dict[str, int],
-    path: Path,
     sources: dict[str, Initializer],
-    written: WrittenTensors,
-    *,
     opset: int = 18,
-    progress: Callable[[int, int, int], None] | None = None,
     past_len_inputs: tuple[str, ...] = (),
-    replicate=None,
-    on_template=None,
-) -> int:
-    """Trace `module` (parameters on the meta device) and write `path` + `path.data`; returns data bytes.
-
-    `sources` maps a parameter/buffer name of `module` to the producer of its bytes. `past_len_inputs`
-    get a second symbolic dim, `past_len`, on axis 1 (the prefix-cache graphs' filled slots).
-    With `replicate` (a replicate.LayerPlan), `module` is a one-layer stand-in of the real model and
-    its traced layer is copied to the real depth before the weights are written; `on_template(model,
-    by_graph_name)` sees the traced one-layer graph first (it may clone it, not change it).
-    """
+):
+    """The traced, optimised graph of `module` (parameters on the meta device) whose weight initializers
+    read `sources` lazily, and {graph initializer name: its source}. Reads no weight bytes
+    (trace_worker.py sends it between processes). `sources` maps a parameter/buffer name of `module`
+    to the producer of its bytes; `past_len_inputs` get a second symbolic dim, `past_len`, on axis 1
+    (the prefix-cache graphs' filled slots)."""
     import onnxscript.rewriter.onnx_fusions
 
     seq = torch.export.Dim("seq_len", min=1, max=8192)
@@ -89,6 +79,16 @@ def export_streamed(
     weights = {v for v in model.graph.initializers.values() if v.name in by_graph_name}
     _optimize(model, should_fold=lambda node: False if weights & set(node.inputs) else None)
     onnxscript.rewriter.onnx_fusions.fuse(model)
+    return model, by_graph_name
+
+
+def finish_template(
+    model, by_graph_name, path: Path, sources, written: WrittenTensors, progress=None, replicate=None, on_template=None
+) -> int:
+    """Write `path` + `path.data` from a traced template; returns data bytes. With `replicate` (a
+    replicate.LayerPlan) the template is a one-layer stand-in of the real model, and its traced layer
+    is copied to the real depth first; `on_template(model, by_graph_name)` sees the one-layer graph
+    before that (it may clone it, not change it)."""
     if replicate is not None:
         if on_template is not None:
             on_template(model, by_graph_name)  # e.g. the validation twin, grown from the same traced layer
@@ -136,6 +136,18 @@ def lazy_weight(src: Initializer, dtype, shape: tuple[int, ...], name: str):
     import onnx_ir as ir
 
     return ir.LazyTensor(_reader(src, dtype, shape), dtype=dtype, shape=ir.Shape(shape), name=name)
+
+
+def warm_up(opset: int) -> None:
+    """Import the exporter and build its op registry now (a forked tracer then inherits both)."""
+    import onnx_ir.passes.common  # noqa: F401
+    import onnxscript.optimizer  # noqa: F401
+    import onnxscript.rewriter.onnx_fusions  # noqa: F401
+    from torch.onnx._internal.exporter import _constants, _core, _registration  # noqa: F401
+
+    with _one_op_registry():
+        # The key torch.onnx.export asks for: opsets below torchlib's are raised to it.
+        _registration.ONNXRegistry.from_torchlib(opset_version=max(opset, _constants.TORCHLIB_OPSET))
 
 
 _REGISTRIES: dict = {}  # opset -> torch.onnx's table of ATen -> ONNX functions, built once per process

@@ -35,7 +35,7 @@ class TwinGraphs:
     skipped: dict[str, str] = field(default_factory=dict)  # graph -> why it could not be grown
 
     def hook(self, gname: str, store, rename):
-        """`on_template` for export_streamed of the static graph `gname`."""
+        """`on_template` for finish_template of the static graph `gname`."""
 
         def on_template(template, by_graph_name) -> None:
             try:
