@@ -45,6 +45,25 @@ def read_initializer(tensor, base_dir: Path) -> np.ndarray:
     return arr.reshape(tuple(tensor.dims))
 
 
+def prefetch(tensor, base_dir: Path) -> None:
+    """Ask the kernel to start reading an external initializer's bytes now (returns at once)."""
+    import os
+
+    from onnx import TensorProto
+
+    if tensor.data_location != TensorProto.EXTERNAL or not hasattr(os, "posix_fadvise"):
+        return
+    info = external_info(tensor)
+    try:
+        fd = os.open(_data_path(Path(base_dir), info["location"]), os.O_RDONLY)
+    except OSError:
+        return  # the read itself reports it
+    try:
+        os.posix_fadvise(fd, int(info.get("offset", 0)), int(info.get("length", 0)), os.POSIX_FADV_WILLNEED)
+    finally:
+        os.close(fd)
+
+
 def load_with_data(onnx_path: Path):
     """onnx.load with every external initializer read into the proto (for in-memory graph rewrites)."""
     import onnx

@@ -20,9 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-from dflash_cli.exporting.onnx_data import read_initializer
+from dflash_cli.exporting.onnx_data import prefetch, read_initializer
 
 ALIGNMENT = 65536
+SPLIT_ROWS = 2048  # weights with at least twice this many output rows are quantised in two halves at once
 STACKED_WEIGHTS_KEY = "dflash.stacked_weights"  # on a stacked MatMulNBits: its parts' weight names, in Split order
 
 
@@ -122,20 +123,28 @@ def quantize_graph(
         def quantised(name: str) -> tuple[np.ndarray, np.ndarray, int, int]:
             weight, transposed, _, _ = plans[name]
             w = read_initializer(weight, src_onnx.parent)
-            kn = np.ascontiguousarray(w.T if transposed else w)  # [K, N], as MatMulNBits' quantiser wants
-            if kn.dtype not in (np.float32, np.float16):
-                kn = kn.astype(np.float32)
-            K, N = kn.shape
-            packed, scales = _quantize(kn, bits, block_size)
+            if w.dtype not in (np.float32, np.float16):
+                w = w.astype(np.float32)
+            if transposed:  # [N, K], nn.Linear's layout
+                N, K = w.shape
+                packed, scales = _quantize_rows(w, bits, block_size)
+            else:
+                K, N = w.shape
+                packed, scales = _quantize(np.ascontiguousarray(w), bits, block_size)
             return packed, scales, K, N
 
         def report(count: int) -> None:
             progress(f"{src_onnx.name}: {count}/{len(plans)} MatMul weights to int{bits}, {offset / 1e9:.2f} GB")
 
         handled: set[str] = set()
-        for wname, (weight, transposed, tnode, matmuls) in plans.items():
+        order = list(plans)
+        for at, (wname, (weight, transposed, tnode, matmuls)) in enumerate(plans.items()):
             if wname in handled:
                 continue
+            # The disk reads the next weights while this one is quantised (the export's data rarely
+            # fits the page cache at 8B: 34 GB of fp32).
+            for ahead in group_of.get(order[at + 1], [order[at + 1]]) if at + 1 < len(order) else []:
+                prefetch(plans[ahead][0], src_onnx.parent)
             group = group_of.get(wname)
             if group:
                 # The prefix-cache twin stacks the same source bytes: it points at the first graph's copy.
@@ -196,6 +205,32 @@ def quantize_graph(
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     onnx.save_model(model, str(dst_onnx))
     return QuantResult(rewritten, offset, grouped)
+
+
+def _quantize_rows(w: np.ndarray, bits: int, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """`_quantize` of w.T for w [N, K]: large weights as two halves of N on two threads (the quantiser
+    releases the GIL: 1.07 s instead of 1.57 s for a 151936 x 1024 lm_head here). Each output row is
+    quantised on its own, so the halves concatenate to exactly the whole."""
+    N = w.shape[0]
+    if N < 2 * SPLIT_ROWS:
+        return _quantize(_transposed(w), bits, block_size)
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as pool:
+        halves = list(pool.map(lambda part: _quantize(_transposed(part), bits, block_size), (w[: N // 2], w[N // 2 :])))
+    return np.concatenate([h[0] for h in halves]), np.concatenate([h[1] for h in halves])
+
+
+def _transposed(w: np.ndarray) -> np.ndarray:
+    """w.T made contiguous: PyTorch's blocked, threaded copy is ~7x numpy's on a 151936 x 1024 lm_head
+    here (0.6 s vs 4.4 s), and an 8B target has 32 GB of such weights."""
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a read-only memory map: torch only reads it here
+        return torch.from_numpy(w).t().contiguous().numpy()
 
 
 def _source_identity(weight, base_dir: Path, transposed: bool):
