@@ -101,3 +101,17 @@ def test_pack_leaves_no_weight_bytes_and_unpack_restores_the_sources(single) -> 
     back, by_graph_name = trace_worker.unpack(blob, sources)
     assert {n: s for n, s in by_graph_name.items()} == {n: sources[n.removeprefix(WRAPPER_PREFIX)] for n in weights}
     assert all(type(back.graph.initializers[n].const_value).__name__ == "LazyTensor" for n in weights)
+
+
+def test_ctrl_c_is_the_parents_to_handle() -> None:
+    if not trace_worker.usable():
+        pytest.skip("one core or no fork here: the export never forks")
+    worker = trace_worker.TraceWorker([60.0], time.sleep)
+    try:
+        time.sleep(1.0)  # let the child install its handlers
+        os.kill(worker._proc.pid, signal.SIGINT)
+        time.sleep(0.5)
+        assert worker._proc.is_alive()  # a Ctrl-C does not make the child print a traceback and die
+    finally:
+        worker.close()
+    assert not worker._proc.is_alive()

@@ -102,10 +102,14 @@ class TraceWorker:
 
 
 def _child(conn, jobs, trace) -> None:
+    import signal
     import time
 
     import torch
 
+    # Ctrl-C reaches the whole process group: the parent handles it and ends this child (close()),
+    # which would otherwise print a traceback of its own.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)  # the parent uses the other core
     try:
         for i, job in enumerate(jobs):
