@@ -46,3 +46,48 @@ def test_two_halves_quantise_to_exactly_the_whole(monkeypatch) -> None:
     halves = quantize._quantize_rows(w, 4, 32)
     for a, b in zip(whole, halves):
         np.testing.assert_array_equal(a, b)
+
+
+def test_source_reader_reads_the_checkpoint_only_while_unchanged(tmp_path: Path) -> None:
+    import os
+
+    import torch
+    from safetensors.torch import save_file
+
+    from dflash_cli.exporting.weight_sources import SourceReader, origin
+
+    w = torch.randn(40, 8).to(torch.bfloat16)
+    save_file({"a": torch.zeros(3), "w": w}, str(tmp_path / "m.safetensors"))
+    o = origin(tmp_path / "m.safetensors", "w", "float32", 24)
+    raw = (tmp_path / "m.safetensors").read_bytes()
+    assert raw[o["offset"] : o["offset"] + o["length"]] == w.view(torch.int16).numpy().tobytes()
+    tensor = _external_tensor("inner.w", TensorProto.FLOAT, (24, 8), "x.data", 0, 24 * 8 * 4)
+    reader = SourceReader({"inner.w": o})
+    assert reader.prefetch(tensor)
+    np.testing.assert_array_equal(reader.read(tensor), w[:24].float().numpy())  # as the export converts it
+    assert reader.read_count == 1
+    os.utime(tmp_path / "m.safetensors", ns=(o["mtime_ns"] + 10**9, o["mtime_ns"] + 10**9))
+    assert reader.read(tensor) is None and not reader.prefetch(tensor)  # changed since: the export's copy
+
+
+@pytest.mark.parametrize("family", ["llama"])
+def test_int4_from_the_checkpoint_equals_int4_from_the_export(family: str, request, tmp_path: Path, monkeypatch):
+    import json
+
+    from dflash_cli.exporting import weight_sources
+    from tests.engines import build_recipe
+
+    pair = request.getfixturevalue(f"tiny_{family}_pair")
+    settings = {"compile": {"ort": {"precision": "int4", "block_size": 16}}}
+    recipe, cache = build_recipe(pair, tmp_path / "checkpoint", **settings)
+    from dflash_cli.pipeline import artifact_paths
+
+    fast = artifact_paths(recipe, cache, ["compile"])["compile"]
+    facts = json.loads((fast / "compile.json").read_text())
+    assert facts["target_weights_read_from_checkpoint"] > 0 and facts["draft_weights_read_from_checkpoint"] > 0
+    monkeypatch.setattr(weight_sources.SourceReader, "for_graph", classmethod(lambda cls, *a: None))
+    recipe, cache = build_recipe(pair, tmp_path / "export", **settings)
+    slow = artifact_paths(recipe, cache, ["compile"])["compile"]
+    assert json.loads((slow / "compile.json").read_text())["target_weights_read_from_checkpoint"] == 0
+    for path in sorted(fast.glob("*.q.data")) + sorted(fast.glob("*.onnx")):
+        assert path.read_bytes() == (slow / path.name).read_bytes(), path.name

@@ -115,3 +115,12 @@ def test_ctrl_c_is_the_parents_to_handle() -> None:
     finally:
         worker.close()
     assert not worker._proc.is_alive()
+
+
+def test_no_process_to_spare_means_tracing_here(single, tmp_path, monkeypatch) -> None:
+    def cannot_fork(*args, **kwargs):
+        raise OSError("Resource temporarily unavailable")
+
+    monkeypatch.setattr(graphs, "TraceWorker", cannot_fork)
+    _export(single["src"], tmp_path / "here", "1")
+    _same_files(single["single"], tmp_path / "here")

@@ -30,6 +30,7 @@ class Initializer:
     name: str
     identity: Hashable | None  # same identity = same bytes (shareable); None = unique to this graph
     produce: Callable[[], Iterable]  # the tensor's bytes as buffers (numpy blocks), in order
+    origin: dict | None = None  # checkpoint tensor it is converted from (weight_sources.py), if any
 
 
 def write_initializers(

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from dflash_cli.exporting import trace_worker
+from dflash_cli.exporting import trace_worker, weight_sources
 from dflash_cli.exporting.external_data import Initializer, WrittenTensors
 from dflash_cli.exporting.replicate import ReplicationError
 from dflash_cli.exporting.torch_to_onnx import finish_template, trace_template, warm_up
@@ -110,8 +110,12 @@ def export_pair(
     worker = None
     if split < len(jobs):
         warm_up(opset)  # imports and op registry once, inherited by the child
-        worker = TraceWorker(jobs[split:], trace)
+        try:
+            worker = TraceWorker(jobs[split:], trace)
+        except (OSError, AssertionError):  # no process to spare (limits; a daemon process may not fork)
+            split = len(jobs)
     own_trace_s = 0.0
+    origins: dict[str, dict] = {}  # onnx file -> {initializer: checkpoint tensor}, for the compile
     try:
         for i, job in enumerate(jobs):
             t0 = time.perf_counter()
@@ -141,6 +145,7 @@ def export_pair(
                 whole = _Job(job.gname, job.flavour, job.module, None, job.store, job.rename, job.sources, job.sym)
                 model, by_graph_name = trace(whole)
                 nbytes = finish_template(model, by_graph_name, path, job.sources, written, report)
+            origins[path.name] = {n: src.origin for n, src in by_graph_name.items() if src.origin is not None}
             graphs[name] = {
                 **graph_facts(job.gname, job.module, shape, job.flavour),
                 "data_bytes": nbytes,
@@ -152,6 +157,7 @@ def export_pair(
     for job in jobs:
         job.module.use_prefix_cache(False)
         job.store.close()
+    weight_sources.write(out, origins)
     return graphs
 
 
@@ -262,7 +268,8 @@ def _sources(module, store: WeightStore, rename, dtype: torch.dtype, rows: int |
         st = os.stat(store.root / ref.file)
         cut = rows if rows is not None and ref.shape[0] != param.shape[0] else None
         identity = (st.st_dev, st.st_ino, ref.key, str(dtype), cut)
-        out[name] = Initializer(name, identity, _reader(store, key, dtype, cut, tuple(param.shape)))
+        where = weight_sources.origin(store.root / ref.file, ref.key, str(dtype).removeprefix("torch."), cut)
+        out[name] = Initializer(name, identity, _reader(store, key, dtype, cut, tuple(param.shape)), where)
     return out
 
 

@@ -85,7 +85,9 @@ def compare_graph(
         with torch.no_grad():
             ref = [t.numpy() for t in module(*args, *[torch.from_numpy(p) for p in past])]
         onnx_feeds = {**feeds, **dict(zip(cache_names, past))}
-        onnx_feeds = {n: (v.astype(float_type[n]) if v.dtype == np.float32 else v) for n, v in onnx_feeds.items()}
+        onnx_feeds = {
+            n: (v.astype(float_type[n], copy=False) if v.dtype == np.float32 else v) for n, v in onnx_feeds.items()
+        }
         got = sess.run(None, onnx_feeds)
         for name, g, r in zip(out_names, got, ref):
             d, tol = _diff(name, g, r, dtype)

@@ -44,12 +44,15 @@ def quantize_graph(
     progress: Callable[[str], None] = lambda m: None,
     done: dict | None = None,
     fuse_siblings: bool = True,
+    source=None,
 ) -> QuantResult:
     """Write dst_onnx (graph) + dst_onnx.q.data (quantised weights); other weights keep src's data file.
 
     dst_onnx must be in a directory where src's external data files are reachable under the same names.
     `done` carries the quantised tensors of graphs compiled before, by source bytes: a weight the
     draft shares with the target (its lm_head) points at the target's .q.data instead of a second copy.
+    `source` (exporting.weight_sources.SourceReader) reads a weight from the checkpoint it was exported
+    from (the same values, often half the bytes); weights it cannot read come from the export.
     """
     import onnx
     from onnx import helper
@@ -122,7 +125,9 @@ def quantize_graph(
 
         def quantised(name: str) -> tuple[np.ndarray, np.ndarray, int, int]:
             weight, transposed, _, _ = plans[name]
-            w = read_initializer(weight, src_onnx.parent)
+            w = source.read(weight) if source is not None else None
+            if w is None:
+                w = read_initializer(weight, src_onnx.parent)
             if w.dtype not in (np.float32, np.float16):
                 w = w.astype(np.float32)
             if transposed:  # [N, K], nn.Linear's layout
@@ -144,7 +149,8 @@ def quantize_graph(
             # The disk reads the next weights while this one is quantised (the export's data rarely
             # fits the page cache at 8B: 34 GB of fp32).
             for ahead in group_of.get(order[at + 1], [order[at + 1]]) if at + 1 < len(order) else []:
-                prefetch(plans[ahead][0], src_onnx.parent)
+                if source is None or not source.prefetch(plans[ahead][0]):
+                    prefetch(plans[ahead][0], src_onnx.parent)
             group = group_of.get(wname)
             if group:
                 # The prefix-cache twin stacks the same source bytes: it points at the first graph's copy.

@@ -81,6 +81,7 @@ def _qaic_options(recipe: Any):
 def _compile_ort(ctx: StageContext) -> dict[str, Any]:
     from dflash_cli.backends.ort import OrtSession, OrtSettings
     from dflash_cli.backends.ort_prefix import open_prefix_session
+    from dflash_cli.exporting.weight_sources import SourceReader
     from dflash_cli.ortcompile.checks import (
         causal_invariance,
         graph_weight_bytes,
@@ -110,6 +111,7 @@ def _compile_ort(ctx: StageContext) -> dict[str, Any]:
         done: dict = {}  # quantised once, referenced by both graphs (the draft's lm_head is the target's)
         for gname, g in info["graphs"].items():
             ctx.progress(f"quantising {gname} MatMul weights to int{bits} (weight-only, block {ort_cfg.block_size})")
+            source = SourceReader.for_graph(src, g["onnx"])
             result = quantize_graph(
                 src / g["onnx"],
                 out / g["onnx"],
@@ -119,7 +121,9 @@ def _compile_ort(ctx: StageContext) -> dict[str, Any]:
                 progress=ctx.progress,
                 done=done,
                 fuse_siblings=ort_cfg.fuse,  # q/k/v and gate/up stacked into one MatMulNBits each
+                source=source,
             )
+            facts[f"{gname}_weights_read_from_checkpoint"] = source.read_count if source is not None else 0
             facts[f"{gname}_quantized_matmuls"] = result.quantized
             facts[f"{gname}_stacked_matmuls"] = result.stacked
             if result.quantized == 0:
