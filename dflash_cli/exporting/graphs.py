@@ -97,6 +97,11 @@ def export_pair(
         # StaticCacheTarget.use_prefix_cache); `written` makes it point at the weights already written.
         for flavour in ("", "_prefix") if prefix_graphs else ("",):
             jobs.append(_Job(gname, flavour, module, stand_in, store, rename, sources, sym))
+    return _export_jobs(jobs, out, shape, dtype, opset, progress, twin)
+
+
+def _export_jobs(jobs: list[_Job], out: Path, shape: PairShape, dtype, opset: int, progress, twin) -> dict[str, Any]:
+    """Trace and write each job's graph, in order; returns export_pair's per-graph facts."""
     written = WrittenTensors()
     graphs: dict[str, Any] = {}
 

@@ -7,7 +7,8 @@ position exactly what a shorter call would, and greedy speculative decoding stay
 (per-tensor dynamic activation scales, the old int8, broke that).
 
 Nothing is loaded whole: the graph is read without its external data, each weight is read from
-the export's data file (memory-mapped), quantised and appended to `<graph>.onnx.q.data`; the
+the checkpoint it was exported from when unchanged (exporting/weight_sources.py), else from the
+export's data file (memory-mapped), quantised and appended to `<graph>.onnx.q.data`; the
 weights that stay as they are (embedding, norms) keep pointing at the export's data file, which
 the compile artifact hard-links rather than copies.
 """
