@@ -124,3 +124,30 @@ def test_no_process_to_spare_means_tracing_here(single, tmp_path, monkeypatch) -
     monkeypatch.setattr(graphs, "TraceWorker", cannot_fork)
     _export(single["src"], tmp_path / "here", "1")
     _same_files(single["single"], tmp_path / "here")
+
+
+def test_a_killed_build_takes_the_child_with_it(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    if not trace_worker.usable() or not sys.platform.startswith("linux"):
+        pytest.skip("the child is tied to its parent on Linux with fork only")
+    script = (
+        "import os, signal, time\n"
+        "from dflash_cli.exporting import trace_worker\n"
+        "w = trace_worker.TraceWorker([600.0], time.sleep)\n"
+        "print(w._proc.pid, flush=True)\n"
+        "time.sleep(1.0)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    with (tmp_path / "out").open("w") as out:  # a file, not a pipe the child would hold open
+        subprocess.run([sys.executable, "-c", script], stdout=out, timeout=120)
+    child = int((tmp_path / "out").read_text().split()[0])
+    for _ in range(50):
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.kill(child, signal.SIGKILL)
+    pytest.fail("the forked tracer outlived its killed build")

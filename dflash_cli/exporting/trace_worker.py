@@ -69,7 +69,7 @@ class TraceWorker:
     def __init__(self, jobs: Sequence[Any], trace: Callable[[Any], tuple[Any, dict]]) -> None:
         ctx = multiprocessing.get_context("fork")
         self._conn, child_end = ctx.Pipe(duplex=False)
-        self._proc = ctx.Process(target=_child, args=(child_end, jobs, trace), daemon=True)
+        self._proc = ctx.Process(target=_child, args=(child_end, jobs, trace, os.getpid()), daemon=True)
         self._proc.start()
         child_end.close()  # so a dead child reads as EOF here
         self._got: dict[int, tuple[bytes | None, float]] = {}
@@ -101,7 +101,7 @@ class TraceWorker:
         self._conn.close()
 
 
-def _child(conn, jobs, trace) -> None:
+def _child(conn, jobs, trace, parent: int) -> None:
     import signal
     import time
 
@@ -110,6 +110,7 @@ def _child(conn, jobs, trace) -> None:
     # Ctrl-C reaches the whole process group: the parent handles it and ends this child (close()),
     # which would otherwise print a traceback of its own.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with(parent)
     torch.set_num_threads(1)  # the parent uses the other core
     try:
         for i, job in enumerate(jobs):
@@ -125,3 +126,17 @@ def _child(conn, jobs, trace) -> None:
         return  # the parent is gone or gave up on us
     finally:
         conn.close()
+
+
+def _die_with(parent: int) -> None:
+    """A killed build takes this child with it (Linux), so nothing it inherited, such as the cache
+    lock, outlives the build by a trace or a hang."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os._exit(0)
