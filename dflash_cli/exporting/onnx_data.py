@@ -47,19 +47,26 @@ def read_initializer(tensor, base_dir: Path) -> np.ndarray:
 
 def prefetch(tensor, base_dir: Path) -> None:
     """Ask the kernel to start reading an external initializer's bytes now (returns at once)."""
-    import os
-
     from onnx import TensorProto
 
-    if tensor.data_location != TensorProto.EXTERNAL or not hasattr(os, "posix_fadvise"):
+    if tensor.data_location == TensorProto.EXTERNAL:
+        info = external_info(tensor)
+        will_need(_data_path(Path(base_dir), info["location"]), int(info.get("offset", 0)), int(info.get("length", 0)))
+
+
+def will_need(path, offset: int, length: int) -> None:
+    """posix_fadvise(WILLNEED): the kernel reads the range in the background. Advice only: a missing
+    file or a platform without it is the later read's to report."""
+    import os
+
+    if not hasattr(os, "posix_fadvise"):
         return
-    info = external_info(tensor)
     try:
-        fd = os.open(_data_path(Path(base_dir), info["location"]), os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY)
     except OSError:
-        return  # the read itself reports it
+        return
     try:
-        os.posix_fadvise(fd, int(info.get("offset", 0)), int(info.get("length", 0)), os.POSIX_FADV_WILLNEED)
+        os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
     finally:
         os.close(fd)
 

@@ -76,18 +76,12 @@ class SourceReader:
 
     def prefetch(self, tensor) -> bool:
         """Start reading the tensor's checkpoint bytes; False when it will come from the export."""
+        from dflash_cli.exporting.onnx_data import will_need
+
         o = self._unchanged(tensor.name)
         if o is None:
             return False
-        if hasattr(os, "posix_fadvise"):
-            try:
-                fd = os.open(o["file"], os.O_RDONLY)
-            except OSError:
-                return False
-            try:
-                os.posix_fadvise(fd, o["offset"], o["length"], os.POSIX_FADV_WILLNEED)
-            finally:
-                os.close(fd)
+        will_need(o["file"], o["offset"], o["length"])
         return True
 
     def read(self, tensor) -> np.ndarray | None:
