@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -147,8 +147,7 @@ def _export_jobs(jobs: list[_Job], out: Path, shape: PairShape, dtype, opset: in
                 except ReplicationError as exc:
                     progress(f"{name}.onnx: tracing every layer ({exc})")
             if nbytes is None:
-                whole = _Job(job.gname, job.flavour, job.module, None, job.store, job.rename, job.sources, job.sym)
-                model, by_graph_name = trace(whole)
+                model, by_graph_name = trace(replace(job, stand_in=None))
                 nbytes = finish_template(model, by_graph_name, path, job.sources, written, report)
             origins[path.name] = {n: src.origin for n, src in by_graph_name.items() if src.origin is not None}
             graphs[name] = {
