@@ -16,6 +16,7 @@ import torch
 
 from dflash_cli.errors import DFlashError
 from dflash_cli.exporting.external_data import Initializer, WrittenTensors, write_initializers
+from dflash_cli.exporting.no_retrace import skip_retrace
 
 # Above this many parameter bytes the TorchScript graph keeps its weights in a side `.data` file (protobuf's 2 GB cap).
 EXTERNAL_DATA_BYTES = 1 << 30
@@ -43,7 +44,7 @@ def trace_template(
     past_len = torch.export.Dim("past_len", min=1, max=1 << 20)
     dynamic = {_arg(n): ({symbolic_inputs[n]: seq} if n in symbolic_inputs else None) for n in input_names}
     dynamic |= {_arg(n): {1: past_len} for n in past_len_inputs}
-    with warnings.catch_warnings(), torch.no_grad(), _one_op_registry():
+    with warnings.catch_warnings(), torch.no_grad(), _one_op_registry(), skip_retrace():
         warnings.simplefilter("ignore")
         try:
             program = torch.onnx.export(
