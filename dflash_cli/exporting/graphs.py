@@ -108,10 +108,10 @@ def _export_jobs(jobs: list[_Job], out: Path, shape: PairShape, dtype, opset: in
     def trace(job: _Job):
         return _trace(job, shape, dtype, opset)
 
-    # The draft's graphs are traced by a forked child while this process traces the target's and
-    # writes its weights (trace_worker.py); the order of writing stays the same, so shared weights
-    # are found.
-    split = len(jobs) // 2 if len(jobs) > 1 and trace_worker.usable() else len(jobs)
+    # Every graph after the first is traced by a forked child while this process traces the first and
+    # writes its weights, by far the longest part (trace_worker.py); the order of writing stays the
+    # same, so shared weights are found.
+    split = 1 if len(jobs) > 1 and trace_worker.usable() else len(jobs)
     worker = None
     if split < len(jobs):
         warm_up(opset)  # imports and op registry once, inherited by the child

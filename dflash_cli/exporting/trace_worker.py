@@ -1,9 +1,9 @@
 """Trace the later graphs of an export in a forked process while this one writes the first's weights.
 
-An export traces four one-layer graphs (target and draft, each static and prefix-cache), each a few
-seconds of single-threaded Python, and streams gigabytes of weights. With a second core, a forked
-child traces the later half (the draft's graphs) while the parent traces the target's and writes
-their weights (exporting/graphs.py picks the split); the child sends
+An export traces four one-layer graphs (target and draft, each static and prefix-cache), each one to
+a few seconds of single-threaded Python, and streams gigabytes of weights. With a second core, a
+forked child traces the later three while the parent traces the target's static graph and writes its
+weights, most of the bytes (exporting/graphs.py picks the split); the child sends
 each optimised template back without weight bytes (its weight initializers become placeholders and
 the parent points them at the checkpoint again). Whatever happens to the child (an exception, a kill,
 a hang) the parent traces what it did not get itself, so the graphs never depend on it.
