@@ -68,6 +68,8 @@ class TraceWorker:
     (model, by_graph_name, seconds), or None when the child could not deliver it."""
 
     def __init__(self, jobs: Sequence[Any], trace: Callable[[Any], tuple[Any, dict]]) -> None:
+        import threading
+
         ctx = multiprocessing.get_context("fork")
         self._conn, child_end = ctx.Pipe(duplex=False)
         self._proc = ctx.Process(target=_child, args=(child_end, jobs, trace, os.getpid()), daemon=True)
@@ -75,21 +77,35 @@ class TraceWorker:
         child_end.close()  # so a dead child reads as EOF here
         self._got: dict[int, tuple[bytes | None, float]] = {}
         self._broken = False
+        self._arrived = threading.Condition()
+        # Templates are received as they come, so the child never waits on a full pipe for the parent
+        # to ask (it would stall until the parent had written the first graph's weights).
+        threading.Thread(target=self._receive, name="dflash-trace-receiver", daemon=True).start()
 
-    def take(self, i: int, sources: dict, own_trace_s: float) -> tuple[Any, dict, float] | None:
-        while i not in self._got and not self._broken:
+    def _receive(self) -> None:
+        while True:
             try:
-                if not self._conn.poll(max(WAIT_FLOOR_S, PATIENCE * own_trace_s)):
-                    self._broken = True  # stuck: the parent does the rest
-                    break
                 j, blob, seconds = self._conn.recv()
             except (EOFError, OSError):
-                self._broken = True
-                break
-            self._got[j] = (blob, seconds)
+                blob = None  # the child is gone (or closed): whatever did not come, the parent traces
+                j, seconds = None, 0.0
+            with self._arrived:
+                if j is not None:
+                    self._got[j] = (blob, seconds)
+                if blob is None:
+                    self._broken = True
+                self._arrived.notify_all()
             if blob is None:
-                self._broken = True
-        blob, seconds = self._got.pop(i, (None, 0.0))
+                return
+
+    def take(self, i: int, sources: dict, own_trace_s: float) -> tuple[Any, dict, float] | None:
+        with self._arrived:
+            arrived = self._arrived.wait_for(
+                lambda: i in self._got or self._broken, timeout=max(WAIT_FLOOR_S, PATIENCE * own_trace_s)
+            )
+            if not arrived:
+                self._broken = True  # stuck: the parent does the rest
+            blob, seconds = self._got.pop(i, (None, 0.0))
         if blob is None:
             return None
         model, by_graph_name = unpack(blob, sources)
