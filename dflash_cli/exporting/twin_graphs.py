@@ -10,6 +10,7 @@ models was ~14 s of CPU on the 0.6B shape, competing with the real export on 2 c
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,6 +34,7 @@ class TwinGraphs:
     written: WrittenTensors = field(default_factory=WrittenTensors)  # the twin's own data files
     made: set[str] = field(default_factory=set)
     skipped: dict[str, str] = field(default_factory=dict)  # graph -> why it could not be grown
+    on_made: Callable[[str], None] | None = None  # called with a graph's name once its files are written
 
     def hook(self, gname: str, store, rename):
         """`on_template` for finish_template of the static graph `gname`."""
@@ -83,3 +85,5 @@ class TwinGraphs:
         grow_layers(twin, _layer_plan(gname, module, ins, outs), sources, by_graph_name)
         save_streamed(twin, self.where / f"{gname}.onnx", by_graph_name, self.written)
         self.made.add(gname)
+        if self.on_made is not None:
+            self.on_made(gname)

@@ -22,6 +22,7 @@ TOKEN_TOL = {"fp32": 0.0, "fp16": 0.1}
 # layer, exporting/replicate.py, and three layers check a copy reading a copy)...
 TWIN_LAYERS = 3
 TWIN_VOCAB = 4096  # ...and the first vocabulary rows; hidden size, heads, ctx_len and block stay as built
+TWIN_GRAPHS = ("target", "draft")  # the static graphs validation runs, in this order
 
 
 @dataclass(frozen=True)
@@ -157,32 +158,51 @@ class TwinPlan:
 class TwinExport:
     """The validation twin's graphs: grown from the real export's traced layers while it runs
     (twin_graphs.py), or, for a graph that could not be grown that way, exported here by tracing
-    the twin models (the same code path as the real export, on the twin's configs)."""
+    the twin models (the same code path as the real export, on the twin's configs).
 
-    def __init__(self, src: Path, out: Path, shape, e, plan: TwinPlan) -> None:
+    A grown graph's checks start in a thread the moment it is written, so they run while the export
+    streams the real weights (mostly system time writing gigabytes) instead of after it; `checks`
+    collects them."""
+
+    def __init__(self, src: Path, out: Path, shape, e, plan: TwinPlan, pair: dict) -> None:
         from dflash_cli.exporting.graphs import DTYPES
         from dflash_cli.exporting.twin_graphs import TwinGraphs
 
         self.plan, self.where = plan, out / "_validation_twin"
         self.where.mkdir()
         self._args = (src, self.where, shape, e.dtype, e.logits, e.opset, plan)
-        self.graphs = TwinGraphs(src, self.where, plan, e.logits, DTYPES[e.dtype])
+        self._check_args = (src, self.where, shape, e, pair, plan)
+        self._early: dict = {}  # graph -> background.Background of its checks
+        self.graphs = TwinGraphs(src, self.where, plan, e.logits, DTYPES[e.dtype], on_made=self._start)
 
-    def wait(self, progress=lambda message: None) -> None:
+    def _start(self, gname: str) -> None:
+        from dflash_cli.exporting.background import Background
+
+        self._early[gname] = Background(lambda: graph_checks(gname, *self._check_args), "dflash-validation")
+
+    def checks(self, progress=lambda message: None) -> list[Check]:
+        """Every graph's checks: those started early, then the rest (the twin traced itself if need be)."""
         from dflash_cli.errors import DFlashError
 
-        if self.graphs.made >= {"target", "draft"}:
-            return
-        why = "; ".join(f"{g}: {r}" for g, r in self.graphs.skipped.items()) or "a graph was traced whole"
-        progress(f"tracing the validation twin itself ({why})")
-        shutil.rmtree(self.where, ignore_errors=True)
-        self.where.mkdir()
-        failure = _export_twin(*self._args)
-        if failure:
-            raise DFlashError(f"exporting the validation twin failed: {failure}", hint="DFLASH_DEBUG=1 shows more")
+        if not self.graphs.made >= set(TWIN_GRAPHS):
+            for job in self._early.values():
+                job.wait()  # nothing may still read the files the twin's own export replaces
+            self._early.clear()
+            why = "; ".join(f"{g}: {r}" for g, r in self.graphs.skipped.items()) or "a graph was traced whole"
+            progress(f"tracing the validation twin itself ({why})")
+            shutil.rmtree(self.where, ignore_errors=True)
+            self.where.mkdir()
+            failure = _export_twin(*self._args)
+            if failure:
+                raise DFlashError(f"exporting the validation twin failed: {failure}", hint="DFLASH_DEBUG=1 shows more")
+        return [
+            c
+            for g in TWIN_GRAPHS
+            for c in (self._early[g].result() if g in self._early else graph_checks(g, *self._check_args))
+        ]
 
     def cancel(self) -> None:
-        shutil.rmtree(self.where, ignore_errors=True)
+        shutil.rmtree(self.where, ignore_errors=True)  # a check still running fails and is never read
 
 
 def _export_twin(src: Path, where: Path, shape, dtype: str, logits: bool, opset: int, plan: TwinPlan) -> str:
@@ -219,18 +239,17 @@ def validate_export(
     """
     if twin is None:
         progress("validating the ONNX graphs against PyTorch and Hugging Face")
-        return _run_checks(src, out, shape, e, pair, None, None, None, None), "full"
+        checks = [c for g in TWIN_GRAPHS for c in graph_checks(g, src, out, shape, e, pair)]
+        return checks, "full"
     progress(f"validating a {twin.plan.layers}-layer, {twin.plan.rows}-row twin grown from the same traced layers")
     try:
-        twin.wait(progress)
-        tcfg, dcfg = twin.plan.configs(src)
-        checks = _run_checks(src, twin.where, shape, e, pair, tcfg, dcfg, twin.plan.ids, twin.plan.rows)
-        return checks, twin.plan.describe()
+        return twin.checks(progress), twin.plan.describe()
     finally:
         shutil.rmtree(twin.where, ignore_errors=True)
 
 
-def _run_checks(src, where, shape, e, pair, tcfg, dcfg, ids, rows) -> list[Check]:
+def graph_checks(gname: str, src: Path, where: Path, shape, e, pair: dict, plan: TwinPlan | None = None) -> list[Check]:
+    """Every check of `where`/`gname`.onnx ("target" or "draft"; the twin's graph when `plan` is given)."""
     from dflash_cli.exporting import validation_calls as calls
     from dflash_cli.modeling.layers import Rotary
     from dflash_cli.modeling.loading import (
@@ -243,30 +262,28 @@ def _run_checks(src, where, shape, e, pair, tcfg, dcfg, ids, rows) -> list[Check
     )
     from dflash_cli.weights import WeightStore
 
-    tcfg = tcfg or target_config(src)
-    dcfg = dcfg or draft_config(src)
+    tcfg, dcfg = plan.configs(src) if plan is not None else (target_config(src), draft_config(src))
+    ids, rows = (plan.ids, plan.rows) if plan is not None else (None, None)
     checks_pair: dict[str, Any] = dict(pair)
     if rows is not None:
         checks_pair["vocab_size"] = rows
         checks_pair["mask_token_id"] = min(pair["mask_token_id"], rows - 1)
-    rng = np.random.default_rng(0)
+    # One generator per graph: the draft's checks may run before, after or beside the target's.
+    rng = np.random.default_rng(TWIN_GRAPHS.index(gname))
     B, P, C = shape.block, shape.prefill, shape.ctx_len
-
-    target = build_target(src, e.logits, cfg=tcfg, layer_ids=ids, device="meta", dtype=torch.float32)
-    fill_weights(target, WeightStore.open(src / "target"), rows=rows)
-    target.rotary = Rotary(tcfg)
-    checks = compare_graph(
-        "target", where / "target.onnx", target, calls.target_calls(rng, checks_pair, B, P), C, e.dtype
-    )
-    prompt = rng.integers(0, checks_pair["vocab_size"], size=(1, min(P, 32)), dtype=np.int64)
-    checks += target_vs_hf(_hf_twin(tcfg, target), target, prompt, C)
-    del target
-
+    if gname == "target":
+        target = build_target(src, e.logits, cfg=tcfg, layer_ids=ids, device="meta", dtype=torch.float32)
+        fill_weights(target, WeightStore.open(src / "target"), rows=rows)
+        target.rotary = Rotary(tcfg)
+        checks = compare_graph(
+            "target", where / "target.onnx", target, calls.target_calls(rng, checks_pair, B, P), C, e.dtype
+        )
+        prompt = rng.integers(0, checks_pair["vocab_size"], size=(1, min(P, 32)), dtype=np.int64)
+        return checks + target_vs_hf(_hf_twin(tcfg, target), target, prompt, C)
     draft = build_draft(src, e.logits, cfg=dcfg, vocab=rows, device="meta", dtype=torch.float32)
     fill_weights(draft, WeightStore.open(src / "draft"), draft_store_name, rows=rows)
     draft.draft.rotary = Rotary(dcfg)
-    checks += compare_graph("draft", where / "draft.onnx", draft, calls.draft_calls(rng, checks_pair, B, P), C, e.dtype)
-    return checks
+    return compare_graph("draft", where / "draft.onnx", draft, calls.draft_calls(rng, checks_pair, B, P), C, e.dtype)
 
 
 def _hf_twin(cfg, target):

@@ -81,7 +81,7 @@ class ExportStage:
             from dflash_cli.exporting.validate import TwinExport, TwinPlan
 
             # Large pairs validate a reduced twin (bounded memory), grown from the layers the export traces.
-            twin = TwinExport(src, out, shape, e, TwinPlan.of(src, pair))
+            twin = TwinExport(src, out, shape, e, TwinPlan.of(src, pair), pair)
         try:
             if e.exporter == "dynamo":
                 ctx.progress(f"tracing on the meta device and streaming {e.dtype} weights (opset {e.opset})")
