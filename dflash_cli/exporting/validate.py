@@ -50,9 +50,11 @@ def _diff(name: str, got: np.ndarray, ref: np.ndarray, dtype: str = "fp32") -> t
     if np.issubdtype(ref.dtype, np.integer):
         # Token ids: the fraction of positions that disagree.
         return float(np.mean(got != ref)), TOKEN_TOL[dtype]
-    return float(np.max(np.abs(got.astype(np.float64) - ref.astype(np.float64)))), RTOL[dtype] * max(
-        1.0, float(np.abs(ref).max())
-    )
+    # In float32 (fp16 outputs widened): the subtraction's own rounding (~6e-8 relative) is far below
+    # any tolerance, and float64 copies of every cache output cost more than the graphs' runs.
+    got = got.astype(np.float32, copy=False)
+    ref = ref.astype(np.float32, copy=False)
+    return float(np.max(np.abs(got - ref))), RTOL[dtype] * max(1.0, float(np.max(np.abs(ref))))
 
 
 def _session(onnx_path: Path):
