@@ -87,9 +87,12 @@ def fill_weights(module: torch.nn.Module, store: WeightStore, rename=None, *, ro
             hint="rebuild from a clean cache: `dflash build --force`",
         )
     for name, param in list(module.named_parameters()):
-        tensor = store.get(wanted[name], param.dtype)
-        if rows is not None and tensor.shape[0] != param.shape[0] and tensor.shape[1:] == param.shape[1:]:
-            tensor = tensor[:rows].clone()
+        shape = store.shape(wanted[name])
+        if rows is not None and shape and shape[0] != param.shape[0] and tuple(shape[1:]) == tuple(param.shape[1:]):
+            # only the rows kept are read and converted (not a whole vocabulary-sized tensor first)
+            tensor = torch.cat(list(store.iter_rows(wanted[name], param.dtype, rows=rows)))
+        else:
+            tensor = store.get(wanted[name], param.dtype)
         if tuple(tensor.shape) != tuple(param.shape):
             raise CheckpointError(
                 f"tensor {wanted[name]} has shape {list(tensor.shape)}, the model expects {list(param.shape)}",
