@@ -4,7 +4,8 @@
 # own venv (never a dflash dependency); this script creates it on first use.
 #
 #   bash benchmarks/genai_builder_compare.sh [PAIR_ROOT] [REPEAT]
-#   (PAIR_ROOT defaults to /work/pairs/qwen3-0.6b, made by benchmarks/random_pairs.py)
+#   (PAIR_ROOT defaults to /work/pairs/qwen3-0.6b, made by benchmarks/random_pairs.py; WARMUP=1 runs
+#   one uncounted round of each first: the first round after other work pays cold caches)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PAIR=${1:-/work/pairs/qwen3-0.6b}
@@ -38,6 +39,12 @@ measure() {  # label, command...
 }
 
 : > "$WORK/results.txt"
+for i in $(seq 1 "${WARMUP:-0}"); do
+  rm -rf "$WORK/genai-out" "$WORK/genai-cache" "$WORK/dflash-cache"
+  "$VENV/bin/python" -m onnxruntime_genai.models.builder -i "$PAIR/target" -o "$WORK/genai-out" -p fp32 -e cpu \
+    -c "$WORK/genai-cache" > /dev/null 2>&1
+  .venv/bin/dflash build --recipe "$WORK/recipe.yaml" --cache-dir "$WORK/dflash-cache" --json > /dev/null 2>&1
+done
 for i in $(seq 1 "$REPEAT"); do
   rm -rf "$WORK/genai-out" "$WORK/genai-cache" "$WORK/dflash-cache"
   measure "genai-fp32-$i" "$VENV/bin/python" -m onnxruntime_genai.models.builder \
@@ -46,3 +53,15 @@ for i in $(seq 1 "$REPEAT"); do
 done
 rm -rf "$WORK/genai-out" "$WORK/genai-cache" "$WORK/dflash-cache"
 cat "$WORK/results.txt"
+python3 - "$WORK/results.txt" <<'PY'
+import statistics, sys
+secs = {"genai": [], "dflash": []}
+for line in open(sys.argv[1]):
+    label, wall = line.split()[0], line.split()[1].removeprefix("wall=")
+    seconds = 0.0
+    for part in wall.split(":"):  # [h:]m:s
+        seconds = 60 * seconds + float(part)
+    secs["genai" if label.startswith("genai") else "dflash"].append(seconds)
+g, d = statistics.median(secs["genai"]), statistics.median(secs["dflash"])
+print(f"medians: genai {g:.2f} s, dflash build {d:.2f} s, ratio {d / g:.2f}x")
+PY
