@@ -12,21 +12,10 @@ import torch
 from onnx import numpy_helper
 
 from dflash_cli.exporting import no_retrace
-from dflash_cli.exporting.graphs import PairShape, export_pair
-from dflash_cli.modeling.loading import load_pair_info
 from tests.fixtures.tiny_pairs import TinyPair
+from tests.test_trace_worker import _export
 
 GRAPHS = ("target", "target_prefix", "draft", "draft_prefix")
-
-
-def _export(src: Path, out: Path, retrace: str) -> None:
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("DFLASH_EXPORT_RETRACE", retrace)
-        mp.setenv("DFLASH_EXPORT_WORKERS", "0")
-        pair = load_pair_info(src)
-        shape = PairShape(pair["block_size"], 2 * pair["block_size"], 96, pair["hidden_size"])
-        out.mkdir()
-        export_pair(src, out, shape, dtype=torch.float32, logits=True, opset=18, progress=lambda m: None)
 
 
 def _shape(graph) -> tuple[Counter, list[str]]:
@@ -69,8 +58,8 @@ def exports(request, tmp_path: Path, tiny_qwen3_pair: TinyPair, tiny_llama_pair:
 
     pair = tiny_qwen3_pair if request.param == "qwen3" else tiny_llama_pair
     src = _inject(pair, tmp_path / "build")
-    _export(src, tmp_path / "retraced", "1")
-    _export(src, tmp_path / "direct", "0")
+    _export(src, tmp_path / "retraced", "0", DFLASH_EXPORT_RETRACE="1")
+    _export(src, tmp_path / "direct", "0", DFLASH_EXPORT_RETRACE="0")
     return tmp_path / "retraced", tmp_path / "direct"
 
 

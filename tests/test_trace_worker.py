@@ -18,9 +18,12 @@ from tests.fixtures.tiny_pairs import TinyPair
 FILES = [f"{g}.onnx{ext}" for g in ("target", "target_prefix", "draft", "draft_prefix") for ext in ("", ".data")]
 
 
-def _export(src: Path, out: Path, workers: str) -> None:
+def _export(src: Path, out: Path, workers: str, **env: str) -> None:
+    """Export the pair's four graphs into `out` with DFLASH_EXPORT_WORKERS=`workers` (and `env` set)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("DFLASH_EXPORT_WORKERS", workers)
+        for name, value in env.items():
+            mp.setenv(name, value)
         pair = load_pair_info(src)
         shape = PairShape(pair["block_size"], 2 * pair["block_size"], 96, pair["hidden_size"])
         out.mkdir()
