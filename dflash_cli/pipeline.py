@@ -295,6 +295,11 @@ def release_memory() -> None:
     import gc
 
     gc.collect()
+    # What survives a stage is mostly imported modules (torch, onnx, transformers: millions of objects);
+    # moved out of the cyclic collector's view, the next stage's automatic full collections scan only
+    # what that stage creates (~2 s of a 0.6B build went to rescanning them). Reference counting still
+    # frees every object that becomes unused.
+    gc.freeze()
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: nothing to trim

@@ -8,6 +8,7 @@ validation twin go through exactly the same code.
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from collections.abc import Callable
@@ -115,6 +116,10 @@ def _export_jobs(jobs: list[_Job], out: Path, shape: PairShape, dtype, opset: in
     worker = None
     if split < len(jobs):
         warm_up(opset)  # imports and op registry once, inherited by the child
+        # Those (and every module imported so far) live as long as the process: out of the cyclic
+        # collector's full scans from here on, in both processes (and no GC writes to their pages
+        # in the child).
+        gc.freeze()
         try:
             worker = TraceWorker(jobs[split:], trace)
         except (OSError, AssertionError):  # no process to spare (limits; a daemon process may not fork)
