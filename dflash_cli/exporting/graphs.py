@@ -116,9 +116,9 @@ def _export_jobs(jobs: list[_Job], out: Path, shape: PairShape, dtype, opset: in
     worker = None
     if split < len(jobs):
         warm_up(opset)  # imports and op registry once, inherited by the child
-        # Those (and every module imported so far) live as long as the process: out of the cyclic
-        # collector's full scans from here on, in both processes (and no GC writes to their pages
-        # in the child).
+        # Out of the cyclic collector's full scans from here on, in both processes (and no GC writes
+        # to their pages in the child): mostly imported modules and that registry, which live as long
+        # as the process; this export's modules and jobs, also frozen, are freed by reference counting.
         gc.freeze()
         try:
             worker = TraceWorker(jobs[split:], trace)
