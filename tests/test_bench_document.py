@@ -208,6 +208,26 @@ def test_tables_render_from_the_document() -> None:
         assert needle in text
 
 
+def test_tables_render_a_hybrid_that_verified_past_the_block() -> None:
+    """The hybrid's lookup steps may verify past the block: its histogram and per-position rows run longer
+    than the other modes', and the tables show every row."""
+    from rich.console import Console
+
+    doc = _doc()
+    n = len(doc["dflash"]["acceptance_histogram"]["lengths"]) + 3
+    doc["hybrid"] = {
+        **doc["dflash"],
+        "acceptance_histogram": {"lengths": list(range(1, n + 1)), "counts": [7] * n, "fractions": [1 / n] * n},
+        "per_position_acceptance": [0.25] * (n - 1),
+    }
+    console = Console(record=True, width=160)
+    for part in report_renderables(doc):
+        console.print(part)
+    cells = [[c.strip() for c in line.split("│")[1:-1]] for line in console.export_text().splitlines()]
+    assert any(row[:1] == [str(n)] and row[-2].startswith("7 (") and row[1] == "" for row in cells)
+    assert sum("25.0%" in row for row in cells) == n - 1
+
+
 def test_cpu_model_and_environment(tmp_path) -> None:
     info = tmp_path / "cpuinfo"
     info.write_text("processor\t: 0\nmodel name\t: Test CPU 9000\n")

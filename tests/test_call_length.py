@@ -167,3 +167,29 @@ def test_two_rows_compute_what_a_block_computes_at_real_sizes() -> None:
     block = rows(16)
     pairs = rows(2)
     assert np.array_equal(block, pairs)
+
+
+def test_the_check_covers_calls_longer_than_a_block(qwen3_engine) -> None:
+    """The hybrid's lookup steps verify up to LOOKUP_BLOCKS blocks: a kernel that rounds differently only
+    on such long calls must be caught too."""
+
+    class LongCallsRoundDifferently:
+        def __init__(self, inner, rows):
+            self.inner, self.rows = inner, rows
+
+        def reset(self):
+            self.inner.reset()
+
+        def run(self, feeds):
+            out = self.inner.run(feeds)
+            if feeds["position_ids"].shape[1] > self.rows:
+                out["context_features"] = np.nextafter(out["context_features"], np.inf)
+            return out
+
+    info, vocab = _info(qwen3_engine)
+    B = info["block_size"]
+    assert set(call_length_invariance(LongCallsRoundDifferently(qwen3_engine.target, B), info, vocab).values()) != {0.0}
+    assert (
+        call_length_invariance(LongCallsRoundDifferently(qwen3_engine.target, 10**6), info, vocab)["context_features"]
+        == 0.0
+    )

@@ -54,9 +54,11 @@ def test_draft_catches_up_after_lookup_steps(qwen3_engine, monkeypatch):
     from dflash_cli.decoding.hybrid import HybridProposer
 
     calls = iter(range(10**6))
-    monkeypatch.setattr(
-        HybridProposer, "choose", lambda self, n: ("lookup" if next(calls) % 3 != 2 else "dflash", self.block)
-    )
+
+    def alternate(self, n, limit=None):
+        return ("lookup" if next(calls) % 3 != 2 else "dflash"), self.block
+
+    monkeypatch.setattr(HybridProposer, "choose", alternate)
     prompt = [5, 6, 7, 8] * 6
     hybrid = qwen3_engine.generate(prompt, mode="hybrid", max_new_tokens=MAX_NEW)
     assert hybrid.step_sources[:3] == ["lookup", "lookup", "dflash"]
@@ -142,7 +144,69 @@ def test_survival_counts_short_verifies_as_at_least():
         censored.add(2, exact=False)
     assert exact.expected(8) < 2.2
     assert censored.expected(8) > 5.0
-    assert Survival(8, prior=3).expected(2) == 2.0 and Survival(8, prior=3).expected(8) == 3.0
+    stops_at_3 = Survival(8, prior=3)
+    for _ in range(50):
+        stops_at_3.add(3, exact=True)
+    assert stops_at_3.expected(2) == 2.0 and abs(stops_at_3.expected(8) - 3.0) < 0.1
+
+
+def test_a_few_stops_past_the_tried_lengths_do_not_shut_out_longer_verifies():
+    """200 verifies of 8 all accepted ("at least 8") and 3 that ran on and stopped at 9: a hazard of 1
+    at 9 from those 3 would make every longer verify look worthless, so none would ever be tried again.
+    Shrunk towards the pooled hazard, longer verifies keep their worth."""
+    from dflash_cli.decoding.hybrid import Survival
+
+    s = Survival(32, prior=8, prior_exact=False)
+    for _ in range(200):
+        s.add(8, exact=False)
+    for _ in range(3):
+        s.add(9, exact=True)
+    assert s.expected(32) > s.expected(9) + 10
+
+
+def test_a_long_copy_verifies_past_the_block_where_the_session_takes_any_length():
+    from dflash_cli.decoding.hybrid import HybridProposer, HybridStats
+
+    stats = HybridStats(block_size=8, longest=32)
+    for _ in range(50):
+        stats.lookup[8].add(32, exact=True)  # long matches: copies that run on
+        stats.lookup[1].add(1, exact=True)  # a 1-token match: rejected at once
+    stats.t_draft = [0.5, 10]
+    for length, ms in ((2, 1.0), (8, 1.6), (32, 2.75)):  # the demo pair's measured curve
+        stats.add_verify(length, ms / 1000)
+    stats.recent = [3000.0, 1.0]
+    variable = HybridProposer(types.SimpleNamespace(draft=None), 8, stats, variable_length=True)
+    assert variable.longest == 32
+    assert variable.choose(8) == ("lookup", 32)
+    assert variable.choose(8, limit=12) == ("lookup", 12)  # the generation needs only 12 more tokens
+    assert variable.choose(8, limit=3) == ("lookup", 8)  # ... a block is always allowed
+    assert variable.choose(1) == ("lookup", 2)
+    fixed = HybridProposer(types.SimpleNamespace(draft=None), 8, stats, variable_length=False)
+    assert fixed.longest == 8 and fixed.choose(8) == ("lookup", 8)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+def test_hybrid_verifies_past_the_block_in_a_copy_and_stays_lossless(family, request):
+    """Where the output loops, lookup steps verify up to LOOKUP_BLOCKS blocks at once, never more than the
+    generation still needs; the output is still plain greedy decoding's."""
+    from dflash_cli.decoding.hybrid import LOOKUP_BLOCKS
+
+    engine = request.getfixturevalue(f"{family}_engine")
+    engine.hybrid_stats = None
+    longest, block, new = 0, engine.block_size, 60
+    try:
+        for prompt in ([5, 6, 7, 8, 9] * 12, [3, 4] * 10, [11, 12, 13] * 9) * 2:
+            plain = engine.generate(prompt, mode="plain", max_new_tokens=new)
+            hybrid = engine.generate(prompt, mode="hybrid", max_new_tokens=new)
+            assert hybrid.tokens == plain.tokens
+            have = 1  # the first token comes with the prompt
+            for length, accepted in zip(hybrid.verify_lengths, hybrid.accept_lengths):
+                assert accepted <= length <= min(LOOKUP_BLOCKS * block, max(block, new - have))
+                have += accepted
+            longest = max(longest, *hybrid.verify_lengths)
+    finally:
+        engine.hybrid_stats = None
+    assert longest > block
 
 
 def test_lookup_reports_its_match_length():
@@ -187,6 +251,8 @@ def test_recipe_drafter_sets_the_default_mode(qwen3_engine):
 
 
 def test_bench_reports_hybrid_with_its_source_split(qwen3_engine, tmp_path):
+    from dflash_cli.decoding.hybrid import LOOKUP_BLOCKS
+
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["a b a b a b", "def f(x):", "1 2 3 1 2 3"]))
     recipe, cache = str(qwen3_engine.recipe.source), str(qwen3_engine.compile_dir.parents[2])
@@ -199,5 +265,10 @@ def test_bench_reports_hybrid_with_its_source_split(qwen3_engine, tmp_path):
     sources = hybrid["sources"]
     assert sum(s["steps"] for s in sources.values()) == hybrid["steps"]
     assert abs(sum(s["share"] for s in sources.values()) - 1) < 1e-9
-    assert all(2 <= s["mean_verify_tokens"] <= qwen3_engine.block_size for s in sources.values())
+    block = qwen3_engine.block_size
+    assert 2 <= sources.get("dflash", {"mean_verify_tokens": 2})["mean_verify_tokens"] <= block
+    assert 2 <= sources["lookup"]["mean_verify_tokens"] <= LOOKUP_BLOCKS * block  # lookup may verify past the block
+    histogram = hybrid["acceptance_histogram"]  # runs to the longest verify
+    assert len(histogram["lengths"]) >= block and sum(histogram["counts"]) == hybrid["steps"]
+    assert len(hybrid["per_position_acceptance"]) == len(histogram["lengths"]) - 1
     assert doc["lossless"]["mismatches"] == []

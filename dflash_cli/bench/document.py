@@ -109,9 +109,11 @@ def mode_summary(
     }
     if speculative:
         paired = baseline is not None and len(baseline) == len(results)
+        # The hybrid's lookup steps may verify past the block: its tables run to its longest verify.
+        longest = max([block_size] + [length for r in results for length in r.verify_lengths])
         summary.update(
-            acceptance_histogram=metrics.acceptance_histogram(results, block_size),
-            per_position_acceptance=metrics.per_position_acceptance(results, block_size),
+            acceptance_histogram=metrics.acceptance_histogram(results, longest),
+            per_position_acceptance=metrics.per_position_acceptance(results, longest),
             decode_speedup=metrics.decode_speedup(baseline, results) if paired else None,
             decode_speedup_median=metrics.median_pairwise_speedup(baseline, results) if paired else None,
         )

@@ -4,7 +4,8 @@ Conventions (REFERENCE section 8):
 * decode excludes prefill: the first token is TTFT, "decode" is every token after it;
 * ratios over a set are computed over totals (sum of seconds / sum of tokens), so long
   generations weigh by their length and a few short ones cannot skew the mean;
-* tau (mean acceptance length) counts the bonus token, so it lies in 1..block_size.
+* tau (mean acceptance length) counts the bonus token, so it lies in 1..block_size (1..the longest
+  verify for the hybrid, whose lookup steps may verify past the block).
 """
 
 from __future__ import annotations
@@ -81,11 +82,12 @@ def mean_acceptance_length_per_sample(results: Sequence[GenerationResult]) -> fl
 
 
 def acceptance_histogram(results: Sequence[GenerationResult], block_size: int) -> dict[str, list]:
-    """How many verify steps committed 1..block_size tokens: `lengths`, `counts`, `fractions`."""
+    """How many verify steps committed 1..block_size tokens: `lengths`, `counts`, `fractions` (block_size:
+    the longest verify, for the hybrid)."""
     counts = [0] * block_size
     for length in _steps(results):
         if not 1 <= length <= block_size:
-            # A step commits at least the bonus token and at most a whole block; anything else is a loop bug.
+            # A step commits at least the bonus token and at most what it verified; anything else is a loop bug.
             raise ValueError(f"accept length {length} outside 1..{block_size}")
         counts[length - 1] += 1
     total = sum(counts)

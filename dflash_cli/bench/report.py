@@ -126,10 +126,13 @@ def histogram_table(doc: dict[str, Any], modes: Iterable[str]) -> Table:
     for mode in modes:
         table.add_column(_MODE_LABELS[mode], justify="right")
         table.add_column("", justify="left")
-    lengths = histograms[modes[0]]["lengths"]
+    lengths = max((histograms[m]["lengths"] for m in modes), key=len)  # the hybrid's may run past the block
     for i, length in enumerate(lengths):
         row = [str(length)]
         for mode in modes:
+            if i >= len(histograms[mode]["counts"]):
+                row += ["", ""]
+                continue
             fraction = histograms[mode]["fractions"][i]
             row += [f"{histograms[mode]['counts'][i]} ({fraction:.0%})", "█" * round(fraction * _BAR_WIDTH)]
         table.add_row(*row)
@@ -143,8 +146,8 @@ def position_table(doc: dict[str, Any], modes: Iterable[str]) -> Table:
     for mode in modes:
         table.add_column(_MODE_LABELS[mode], justify="right")
     rates = {m: doc[m]["per_position_acceptance"] for m in modes}
-    for i in range(len(rates[modes[0]])):
-        table.add_row(str(i + 1), *(_num(rates[m][i], ".1%") for m in modes))
+    for i in range(max(len(r) for r in rates.values())):
+        table.add_row(str(i + 1), *(_num(rates[m][i] if i < len(rates[m]) else None, ".1%") for m in modes))
     return table
 
 

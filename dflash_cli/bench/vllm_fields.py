@@ -35,15 +35,23 @@ def latency_fields(results: Sequence[GenerationResult]) -> dict[str, Any]:
 
 
 def spec_decode_fields(results: Sequence[GenerationResult], block_size: int) -> dict[str, Any]:
-    width = block_size - 1
-    accepted = [min(a - 1, width) for r in results for a in r.accept_lengths]
+    """vLLM's speculative-decoding counters. A step proposed its verify length - 1 tokens: block_size - 1
+    where every verify takes the block, fewer or (the hybrid's lookup steps) more where lengths vary."""
+    steps = [
+        (a - 1, length - 1)
+        for r in results
+        for a, length in zip(r.accept_lengths, r.verify_lengths or [block_size] * len(r.accept_lengths))
+    ]
+    accepted = [min(a, w) for a, w in steps]
+    proposed = sum(w for _, w in steps)
+    width = max([block_size - 1] + [w for _, w in steps])
     drafts = len(accepted)
     per_pos = [sum(1 for n in accepted if n > i) / drafts if drafts else None for i in range(width)]
     return {
         "spec_decode_num_drafts": drafts,
-        "spec_decode_draft_tokens": drafts * width,
+        "spec_decode_draft_tokens": proposed,
         "spec_decode_accepted_tokens": sum(accepted),
         "spec_decode_acceptance_length": 1 + sum(accepted) / drafts if drafts else None,
-        "spec_decode_acceptance_rate": sum(accepted) / (drafts * width) if drafts and width else None,
+        "spec_decode_acceptance_rate": sum(accepted) / proposed if proposed else None,
         "spec_decode_per_position_acceptance_rates": per_pos,
     }

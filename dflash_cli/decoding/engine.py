@@ -213,9 +213,9 @@ class Engine:
             self.draft.reset()
             proposer = DFlashProposer(TimedSession(self.draft), self.block_size, self.mask_token_id, self.prefill_len)
             if mode == "hybrid":
-                self.hybrid_stats = self.hybrid_stats or HybridStats(self.block_size)
                 variable = getattr(self.target, "variable_length", False)
                 proposer = HybridProposer(proposer, self.block_size, self.hybrid_stats, variable)
+                self.hybrid_stats = proposer.stats  # later requests start from what this one learns
         else:
             from dflash_cli.decoding.prompt_lookup import PromptLookupDrafter
 

@@ -13,7 +13,9 @@ rate of the last ~3 steps instead, the draft was called after every slow stretch
 lookup (0.99x [0.97, 1.01]); with the long-run rate, 1.00x-1.02x over three runs.
 The verify length only varies where the target session takes calls of any length (ONNX Runtime's
 prefix-cache graphs): a verify of 2 tokens costs ~0.7x one of 8 on the demo pair, and a step with no
-lookup match rarely commits more than that. Static graphs (QAIC) always verify the whole block.
+lookup match rarely commits more than that; a lookup step inside a long copy verifies up to
+LOOKUP_BLOCKS blocks at once (SuffixDecoding's adaptive speculation length: the longer the copy has
+held, the more it is worth verifying). Static graphs (QAIC) always verify the whole block.
 Everything is learnt online on the engine: per (source, n) how far proposals survive (a survival
 table, so a short verify that was fully accepted counts as "at least L", not as "exactly L"), the
 seconds of a verify per length and of a draft call. Lookup's acceptance is learnt at every step,
@@ -33,6 +35,16 @@ MAX_NGRAM = 8  # longest suffix match counted as evidence; longer says little mo
 # setting): on HumanEval with the demo pair the latest 3-gram drafts better (tau 4.99) than the
 # latest 8-gram match (4.83), while the longer match is the better evidence of how far a copy goes.
 PROPOSAL_NGRAM = 3
+# Where the target takes calls of any length, a lookup step may verify past the block, up to this many
+# blocks: a copy (a loop, a quoted passage) runs on far past one block, and a verify of 32 tokens costs
+# 1.7x one of 8 on the demo pair (2.75 vs 1.59 ms). The draft always proposes one block.
+LOOKUP_BLOCKS = 4
+# Each length's hazard is shrunk towards the hazard pooled over lengths 2 and up by this many
+# pseudo-steps: a length only a few steps reached (each seen only because a verify ran past it) would
+# otherwise keep a hazard of 1 from a handful of stops and shut out, for good, the longer verifies that
+# would show more. Measured on the demo pair: without it the hybrid stopped trying past 8 tokens after
+# its first few long verifies (tau 4.54); with it, tau 6.3.
+SHRINK = 8.0
 PRIOR_WEIGHT = 2.0  # pseudo-steps behind each prior below, so a few real steps outweigh it
 RATE_MEMORY = 0.995  # per step, the weight older steps keep in the rate (a memory of ~200 steps)
 VERIFY_MEMORY = 0.995  # per verify, the weight older verify times keep in the cost fit
@@ -46,12 +58,12 @@ class Survival:
     keeps, per length k, how many steps reached k and how many stopped there (Kaplan-Meier).
     """
 
-    def __init__(self, block: int, prior: int) -> None:
+    def __init__(self, block: int, prior: int, prior_exact: bool = True) -> None:
         self.block = block
         self.reached = [0.0] * (block + 1)
         self.stopped = [0.0] * (block + 1)
         self._expected: list[float] | None = None  # per length, until the next `add`
-        self.add(prior, exact=True, weight=PRIOR_WEIGHT)
+        self.add(prior, exact=prior_exact, weight=PRIOR_WEIGHT)
 
     def add(self, count: int, exact: bool, weight: float = 1.0) -> None:
         self._expected = None
@@ -65,11 +77,20 @@ class Survival:
     def expected(self, length: int) -> float:
         """E[min(A, length)]: tokens a verify of `length` tokens is expected to commit."""
         if self._expected is None:
+            # Past the longest step seen, the hazard pooled over lengths 2 and up: a copy that got going
+            # stops at a roughly constant rate per token, so longer verifies than any tried get tried.
+            seen = sum(self.reached[2:])
+            tail = sum(self.stopped[2:]) / seen if seen else 0.5
             table, total, alive = [0.0], 0.0, 1.0
             for k in range(1, self.block + 1):
                 total += alive
                 table.append(total)
-                hazard = self.stopped[k] / self.reached[k] if self.reached[k] else 0.5
+                # Shrunk towards the pooled hazard: a length few steps reached (a handful of stops, each
+                # seen only because a verify ran past it) must not shut out the verifies that would show
+                # more, as a hazard of 1 from three stops would, forever.
+                shrink = SHRINK if k > 1 else 0.0  # the pooled hazard is over lengths 2 and up
+                reached = self.reached[k] + shrink
+                hazard = (self.stopped[k] + shrink * tail) / reached if reached else tail
                 alive *= 1.0 - hazard
             self._expected = table
         return self._expected[min(length, self.block)]
@@ -78,13 +99,16 @@ class Survival:
 class HybridStats:
     """What the hybrid decides by; kept on the engine, so later requests start informed."""
 
-    def __init__(self, block_size: int) -> None:
+    def __init__(self, block_size: int, longest: int | None = None) -> None:
         self.block = block_size
+        self.longest = max(longest or block_size, block_size)  # the longest verify a lookup step may take
         # Priors: lookup's steps commit more the longer the match; the draft's a middling guess.
-        self.lookup = [Survival(block_size, 1 + n) for n in range(MAX_NGRAM + 1)]
+        # A prior of a block or more says "at least a block", not where it stops: an exact prior past what
+        # any verify reached would stop every step there forever (no real step would reach it to outweigh it).
+        self.lookup = [Survival(self.longest, min(1 + n, block_size), 1 + n < block_size) for n in range(MAX_NGRAM + 1)]
         self.dflash = [Survival(block_size, (1 + block_size) // 2) for _ in range(MAX_NGRAM + 1)]
         self.t_draft = [0.0, 0]  # seconds, draft steps
-        self.t_verify = [[0.0, 0] for _ in range(block_size + 1)]  # per verify length: seconds, calls
+        self.t_verify = [[0.0, 0] for _ in range(self.longest + 1)]  # per verify length: seconds, calls
         # Decayed sums for the affine fit seconds = a + b * length: weight, L, L^2, t, L*t.
         self._fit = [0.0, 0.0, 0.0, 0.0, 0.0]
         self.recent = [0.0, 0.0]  # tokens, seconds of hybrid steps, older ones decayed by RATE_MEMORY
@@ -107,23 +131,29 @@ class HybridStats:
         return self.t_draft[0] / self.t_draft[1] if self.t_draft[1] else None
 
     def verify_seconds(self, length: int) -> float | None:
-        """Seconds of a verify of `length` tokens. Once two lengths have been timed: a line fitted to every
-        verify (seconds = a + b * length, older calls decayed by VERIFY_MEMORY), because per-length means
-        drift apart by where and when each length happened to be chosen (a length tried a few times in
-        a slow minute kept its bad mean for the rest of a run). With one length timed: its mean, and
-        below it a guess proportional to the length (optimistic on purpose: it gets tried once)."""
+        line = self.verify_line()
+        return None if line is None else line(length)
+
+    def verify_line(self):
+        """Seconds of a verify as a function of its length (None before any verify was timed). Once two
+        lengths have been timed: a line fitted to every verify (seconds = a + b * length, older calls
+        decayed by VERIFY_MEMORY), because per-length means drift apart by where and when each length
+        happened to be chosen (a length tried a few times in a slow minute kept its bad mean for the
+        rest of a run). With one length timed: its mean, and below it a guess proportional to the
+        length and above it its cost (optimistic on purpose: they get tried)."""
         seen = [(k, s / c) for k, (s, c) in enumerate(self.t_verify) if c]
         if not seen:
             return None
         if len(seen) == 1:
             k, t = seen[0]
-            return t * length / k if length < k else t
+            return lambda length: t * length / k if length < k else t
         w, sl, sll, st, slt = self._fit
         var = w * sll - sl * sl
         slope = (w * slt - sl * st) / var if var > 0 else 0.0
         if slope <= 0:  # noise swamped the per-token cost: every length costs the mean
-            return st / w
-        return (st - slope * sl) / w + slope * length
+            return lambda length: st / w
+        base = (st - slope * sl) / w
+        return lambda length: base + slope * length
 
     def add_verify(self, length: int, seconds: float) -> None:
         self.t_verify[length][0] += seconds
@@ -139,9 +169,11 @@ class HybridProposer:
         self.dflash = dflash
         self.draft = dflash.draft  # the loop times draft calls through this
         self.block = block_size
-        self.lengths = range(2, block_size + 1) if variable_length else (block_size,)
-        self.lookup = PromptLookupDrafter(block_size, max_ngram=PROPOSAL_NGRAM)
-        self.stats = stats or HybridStats(block_size)
+        self.stats = stats or HybridStats(block_size, LOOKUP_BLOCKS * block_size if variable_length else None)
+        # The longest verify a step may take (the loop asks, to pass `limit`): static graphs verify the block.
+        self.longest = self.stats.longest if variable_length else block_size
+        self.variable = variable_length
+        self.lookup = PromptLookupDrafter(self.longest, max_ngram=PROPOSAL_NGRAM)
         self.sources: list[str] = []  # per verify step: "dflash" or "lookup"
         self._step: tuple[list[int], int, str, int, float] | None = None  # lookup proposal, n, source, L, start
 
@@ -151,32 +183,36 @@ class HybridProposer:
     def observe(self, features, first_pos: int) -> None:
         self.dflash.observe(features, first_pos)
 
-    def choose(self, n: int) -> tuple[str, int]:
-        """(source, verify length) for a step whose suffix matched `n` earlier tokens."""
+    def choose(self, n: int, limit: int | None = None) -> tuple[str, int]:
+        """(source, verify length) for a step whose suffix matched `n` earlier tokens; `limit` caps the
+        length (the tokens the generation still needs, where that is more than a block)."""
         st, full = self.stats, self.block
-        t_draft, rate = st.draft_seconds(), st.rate()
-        if rate is None or t_draft is None:
+        longest = min(self.longest, max(limit or self.longest, full))
+        rate = st.rate()
+        if rate is None:
             # Nothing measured yet: let the draft show what it does unless lookup looks at least as good.
-            return ("lookup" if st.expected_lookup(n) >= st.expected_dflash(n) else "dflash"), full
+            return ("lookup" if st.expected_lookup(n, full) >= st.expected_dflash(n) else "dflash"), full
+        t_draft = st.draft_seconds() or 0.0  # an untimed draft counts as free, so it gets tried where it looks better
+        line = st.verify_line()
         best, choice = None, ("lookup", full)
-        for length in self.lengths:
-            t_verify = st.verify_seconds(length)
+        for length in range(2, longest + 1) if self.variable else (full,):
+            t_verify = line(length) if line else None
             if t_verify is None and length != full:
                 continue  # no verify timed yet: the whole block, where only the draft's cost tells them apart
             t_verify = t_verify or 0.0
-            for source, expected, extra in (
-                ("lookup", st.expected_lookup(n, length), 0.0),
-                ("dflash", st.expected_dflash(n, length), t_draft),
-            ):
+            options = [("lookup", st.expected_lookup(n, length), 0.0)]
+            if length <= full:  # the draft proposes one block
+                options.append(("dflash", st.expected_dflash(n, length), t_draft))
+            for source, expected, extra in options:
                 value = expected - rate * (t_verify + extra)
                 if best is None or value > best + 1e-12:
                     best, choice = value, (source, length)
         return choice
 
-    def propose(self, history: list[int], last: int, pos: int) -> list[int]:
+    def propose(self, history: list[int], last: int, pos: int, limit: int | None = None) -> list[int]:
         started = time.perf_counter()
         lookup, n = self.lookup.propose_and_evidence(history, MAX_NGRAM)
-        source, length = self.choose(n)
+        source, length = self.choose(n, limit)
         if source == "lookup":
             self.dflash.skip()
             proposal = lookup
@@ -199,8 +235,8 @@ class HybridProposer:
             self.stats.add_verify(length, verify_s)
         # The proposer's own count is exact unless the verify ended before a proposal was rejected.
         own = self.stats.lookup[n] if source == "lookup" else self.stats.dflash[n]
-        own.add(c, exact=c < length or length == self.block)
+        own.add(c, exact=c < length or length >= own.block)
         if source == "dflash":
             # Lookup's proposal checked against what the target committed: exact where it disagreed.
             agree = next((i for i in range(c) if i >= len(lookup) or lookup[i] != committed[i]), c)
-            self.stats.lookup[n].add(agree + 1, exact=agree < c or agree + 1 >= self.block)
+            self.stats.lookup[n].add(agree + 1, exact=agree < c or agree + 1 >= self.stats.longest)

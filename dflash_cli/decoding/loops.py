@@ -189,9 +189,17 @@ def generate_speculative(
     # A session that takes calls of any length verifies only what was proposed; a static graph
     # verifies the whole block with padding (position -1) after a shorter proposal.
     variable = getattr(target.session, "variable_length", False)
+    # A proposer that may verify past the block (the hybrid's lookup steps, on such a session) is told how
+    # many tokens the generation still needs: the engine's room for prompt + new tokens + one block then
+    # also bounds every longer verify.
+    longest = getattr(proposer, "longest", block) if variable else block
     while not out.done:
         last = out.tokens[-1]
-        proposal = proposer.propose(prompt + out.tokens, last, pos)[: block - 1]
+        if longest > block:
+            limit = min(longest, max(block, cfg.max_new_tokens - len(out.tokens)))
+            proposal = proposer.propose(prompt + out.tokens, last, pos, limit)[: limit - 1]
+        else:
+            proposal = proposer.propose(prompt + out.tokens, last, pos)[: block - 1]
         length = len(proposal) + 1
         ids, bpos = padded([last, *proposal], pos, length if variable else block)
         before = target.seconds

@@ -22,7 +22,9 @@ CHECK_FLOOR_BYTES = 1 << 30  # graphs this small are always loaded and checked a
 
 class CompileStage:
     name = "compile"
-    version = 8  # 5: stacked q/k/v, gate/up; 6: twins share stacks; 7: call-length check; 8: GQA pads one-row calls
+    # 5: stacked q/k/v, gate/up; 6: twins share stacks; 7: call-length check; 8: GQA pads one-row calls;
+    # 9: the call-length check covers the hybrid's verifies past the block
+    version = 9
     upstream = ("export",)
     tools: tuple[str, ...] = ("onnx", "onnxruntime")  # the QAIC SDK version is in key_fields
 
