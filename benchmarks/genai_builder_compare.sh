@@ -5,7 +5,8 @@
 #
 #   bash benchmarks/genai_builder_compare.sh [PAIR_ROOT] [REPEAT]
 #   (PAIR_ROOT defaults to /work/pairs/qwen3-0.6b, made by benchmarks/random_pairs.py; WARMUP=1 runs
-#   one uncounted round of each first: the first round after other work pays cold caches)
+#   one uncounted round of each first: the first round after other work pays cold caches; SYNC=1 flushes
+#   the previous run's dirty pages before each timed run)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PAIR=${1:-/work/pairs/qwen3-0.6b}
@@ -31,6 +32,9 @@ EOF
 
 measure() {  # label, command...
   local label=$1; shift
+  # SYNC=1: flush the previous run's written files to disk first (untimed), so neither tool's run pays
+  # for the other's writeback of 2-3 GB (neither tool fsyncs its output).
+  [ "${SYNC:-0}" = 1 ] && sync
   /usr/bin/time -v "$@" > "$WORK/$label.out" 2> "$WORK/$label.err" || { tail -20 "$WORK/$label.err"; exit 1; }
   local wall rss
   wall=$(grep "Elapsed (wall clock)" "$WORK/$label.err" | awk '{print $NF}')
