@@ -70,10 +70,10 @@ def causal_invariance(sess, info: dict, vocab_size: int, seed: int = 0) -> dict:
     return diffs
 
 
-def call_length_invariance(sess, info: dict, vocab_size: int, seed: int = 1, longest: int | None = None) -> dict:
+def call_length_invariance(sess, info: dict, vocab_size: int, seed: int = 1) -> dict:
     """A verify-sized call and a call as long as the longest verify (the hybrid's lookup steps may verify
-    `longest` tokens, default LOOKUP_BLOCKS blocks), then the long call's rows again one call each (what
-    plain decoding runs); the largest difference per output (tokens: the fraction that differ).
+    LOOKUP_BLOCKS blocks), then the long call's rows again one call each (what plain decoding runs); the
+    largest difference per output (tokens: the fraction that differ).
     Lossless needs 0.0 everywhere.
 
     For the variable-length (prefix-cache) target. Greedy DFlash equals greedy plain only if a
@@ -85,7 +85,7 @@ def call_length_invariance(sess, info: dict, vocab_size: int, seed: int = 1, lon
 
     B = info["block_size"]
     room = getattr(sess, "ctx_len", 0) or info.get("ctx_len", 0)
-    long = max(B, min(longest or LOOKUP_BLOCKS * B, room - B - 2)) if room else B
+    long = max(B, min(LOOKUP_BLOCKS * B, room - B - 2)) if room else B
     rng = np.random.default_rng(seed)
     ids = rng.integers(0, vocab_size, size=(1, B + long), dtype=np.int64)
 
