@@ -68,33 +68,56 @@ _FRESH_DIGESTS: dict[tuple[int, int, int], str] = {}
 
 
 class HashingWriter:
-    """A binary file written through a background sha256 (hashlib releases the GIL on large
-    buffers), so the 2-3 GB an export writes are hashed while the next tensor is read and converted,
-    not read back and hashed at publish. Buffers handed to `write` must not change afterwards."""
+    """A binary file written and sha256-hashed by two background threads (both release the GIL on
+    large buffers), so the 2-3 GB an export writes are stored and hashed while the next tensor is read
+    and converted, and not read back and hashed at publish. The file is a DirectFile (O_DIRECT where
+    the filesystem allows). A write error (a full disk) is raised by the next `write` or by `close`.
+    Buffers handed to `write` must not change afterwards."""
 
-    def __init__(self, path: Path, depth: int = 2) -> None:
+    def __init__(self, path: Path, depth: int = 2, direct: bool = True) -> None:
         import queue
         import threading
 
-        self.path = path
-        self._file = path.open("wb")
-        self._digest = hashlib.sha256()
-        self._queue: queue.Queue = queue.Queue(maxsize=depth)  # bounds the blocks held for hashing
-        self._thread = threading.Thread(target=self._hash, daemon=True)
-        self._thread.start()
+        from dflash_cli.direct_file import DirectFile
 
-    def _hash(self) -> None:
-        while (block := self._queue.get()) is not None:
-            self._digest.update(block)
+        self.path = path
+        self._file = DirectFile(path, direct=direct)
+        self._digest = hashlib.sha256()
+        self._error: BaseException | None = None
+        # Each queue bounds the blocks held for its thread.
+        self._queues = (queue.Queue(maxsize=depth), queue.Queue(maxsize=depth))
+        self._threads = (
+            threading.Thread(target=self._drain, args=(self._queues[0], self._digest.update), daemon=True),
+            threading.Thread(target=self._drain, args=(self._queues[1], self._file.write), daemon=True),
+        )
+        for thread in self._threads:
+            thread.start()
+
+    def _drain(self, blocks, consume) -> None:
+        while (block := blocks.get()) is not None:
+            if self._error is None:
+                try:
+                    consume(block)
+                except BaseException as exc:  # noqa: BLE001 - handed to the writing thread
+                    self._error = exc  # keep draining: `write` must never block on a dead consumer
 
     def write(self, block) -> None:
-        self._file.write(block)
-        self._queue.put(block)
+        if self._error is not None:
+            raise self._error
+        for blocks in self._queues:
+            blocks.put(block)
 
     def close(self, ok: bool = True) -> None:
-        self._queue.put(None)
-        self._thread.join()
-        self._file.close()
+        for blocks in self._queues:
+            blocks.put(None)
+        for thread in self._threads:
+            thread.join()
+        try:
+            self._file.close()
+        except OSError as exc:
+            self._error = self._error or exc
+        if self._error is not None and ok:
+            raise self._error
         if ok:
             st = self.path.stat()
             _FRESH_DIGESTS[(st.st_ino, st.st_size, st.st_mtime_ns)] = self._digest.hexdigest()

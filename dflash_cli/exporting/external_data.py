@@ -40,11 +40,13 @@ def write_initializers(
     sources: dict[str, Initializer],
     written: WrittenTensors,
     progress: Callable[[int, int, int], None] | None = None,
+    direct: bool = True,
 ) -> int:
     """Stream every initializer of `model` (onnx_ir) into out_dir/data_name; returns bytes written.
 
     `sources` gives the producer for initializers whose value is not in the graph (weights traced on
-    the meta device); other initializers are written from their own value.
+    the meta device); other initializers are written from their own value. `direct=False` keeps the
+    file in the page cache (read back soon); see dflash_cli/direct_file.py.
     """
     import onnx_ir as ir
 
@@ -52,7 +54,7 @@ def write_initializers(
 
     inits = list(model.graph.initializers.values())
     offset = 0
-    with HashingWriter(out_dir / data_name) as f:
+    with HashingWriter(out_dir / data_name, direct=direct) as f:
         for i, value in enumerate(inits):
             src = sources.get(value.name)
             if value.const_value.nbytes < INLINE_BELOW:

@@ -51,6 +51,7 @@ def export_pair(
     rows: int | None = None,
     prefix_graphs: bool = True,
     twin=None,
+    direct: bool = True,
 ) -> dict[str, Any]:
     """Export both graphs; returns per-graph facts (io names, layers, heads, bytes written, seconds).
 
@@ -58,7 +59,8 @@ def export_pair(
     prefix-cache form ONNX Runtime runs (cost in proportion to the filled cache, no cache copy), whose
     weights are the ones target.onnx.data / draft.onnx.data already hold. With `twin`
     (twin_graphs.TwinGraphs), the validation twin's static graphs are grown from the same traced
-    layers (`twin.made` names the graphs it got; the caller exports the rest itself).
+    layers (`twin.made` names the graphs it got; the caller exports the rest itself). `direct`: the
+    data files bypass the page cache (nothing reads them back soon; dflash_cli/direct_file.py).
     """
     from dflash_cli.modeling.layers import Rotary
     from dflash_cli.modeling.loading import build_draft, build_target, draft_config, draft_store_name, target_config
@@ -98,10 +100,12 @@ def export_pair(
         # StaticCacheTarget.use_prefix_cache); `written` makes it point at the weights already written.
         for flavour in ("", "_prefix") if prefix_graphs else ("",):
             jobs.append(_Job(gname, flavour, module, stand_in, store, rename, sources, sym))
-    return _export_jobs(jobs, out, shape, dtype, opset, progress, twin)
+    return _export_jobs(jobs, out, shape, dtype, opset, progress, twin, direct)
 
 
-def _export_jobs(jobs: list[_Job], out: Path, shape: PairShape, dtype, opset: int, progress, twin) -> dict[str, Any]:
+def _export_jobs(
+    jobs: list[_Job], out: Path, shape: PairShape, dtype, opset: int, progress, twin, direct: bool
+) -> dict[str, Any]:
     """Trace and write each job's graph, in order; returns export_pair's per-graph facts."""
     written = WrittenTensors()
     graphs: dict[str, Any] = {}
@@ -148,12 +152,14 @@ def _export_jobs(jobs: list[_Job], out: Path, shape: PairShape, dtype, opset: in
                 plan = _layer_plan(job.gname, job.module, ins, outs)
                 hook = twin.hook(job.gname, job.store, job.rename) if twin is not None and not job.flavour else None
                 try:
-                    nbytes = finish_template(model, by_graph_name, path, job.sources, written, report, plan, hook)
+                    nbytes = finish_template(
+                        model, by_graph_name, path, job.sources, written, report, plan, hook, direct=direct
+                    )
                 except ReplicationError as exc:
                     progress(f"{name}.onnx: tracing every layer ({exc})")
             if nbytes is None:
                 model, by_graph_name = trace(replace(job, stand_in=None))
-                nbytes = finish_template(model, by_graph_name, path, job.sources, written, report)
+                nbytes = finish_template(model, by_graph_name, path, job.sources, written, report, direct=direct)
             origins[path.name] = {n: src.origin for n, src in by_graph_name.items() if src.origin is not None}
             graphs[name] = {
                 **graph_facts(job.gname, job.module, shape, job.flavour),

@@ -84,7 +84,15 @@ def trace_template(
 
 
 def finish_template(
-    model, by_graph_name, path: Path, sources, written: WrittenTensors, progress=None, replicate=None, on_template=None
+    model,
+    by_graph_name,
+    path: Path,
+    sources,
+    written: WrittenTensors,
+    progress=None,
+    replicate=None,
+    on_template=None,
+    direct=True,
 ) -> int:
     """Write `path` + `path.data` from a traced template; returns data bytes. With `replicate` (a
     replicate.LayerPlan) the template is a one-layer stand-in of the real model, and its traced layer
@@ -94,7 +102,7 @@ def finish_template(
         if on_template is not None:
             on_template(model, by_graph_name)  # e.g. the validation twin, grown from the same traced layer
         grow_layers(model, replicate, sources, by_graph_name)
-    return save_streamed(model, path, by_graph_name, written, progress)
+    return save_streamed(model, path, by_graph_name, written, progress, direct)
 
 
 def grow_layers(model, plan, sources: dict[str, Initializer], by_graph_name: dict[str, Initializer]) -> None:
@@ -122,11 +130,11 @@ def grow_layers(model, plan, sources: dict[str, Initializer], by_graph_name: dic
     replicate_layers(model, plan, weight_value)
 
 
-def save_streamed(model, path: Path, by_graph_name, written: WrittenTensors, progress=None) -> int:
+def save_streamed(model, path: Path, by_graph_name, written: WrittenTensors, progress=None, direct=True) -> int:
     """Stream the initializers into `path`.data, save the graph at `path`; returns data bytes."""
     import onnx_ir as ir
 
-    nbytes = write_initializers(model, path.parent, path.name + ".data", by_graph_name, written, progress)
+    nbytes = write_initializers(model, path.parent, path.name + ".data", by_graph_name, written, progress, direct)
     ir.save(model, str(path))
     _name_seq_dims(path)
     return nbytes

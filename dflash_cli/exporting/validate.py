@@ -226,6 +226,7 @@ def _export_twin(src: Path, where: Path, shape, dtype: str, logits: bool, opset:
             layer_ids=plan.ids,
             rows=plan.rows,
             prefix_graphs=False,  # the compile stage checks the prefix-cache graphs against the real ones
+            direct=False,  # read back by the checks at once
         )
         return ""
     except Exception as exc:  # noqa: BLE001 - reported by the caller with its own hint

@@ -108,7 +108,10 @@ def quantize_graph(
     rewritten = 0
     grouped = 0
 
-    with (dst_onnx.parent / data_name).open("wb") as f:
+    from dflash_cli.cache import HashingWriter
+
+    # Hashed on the way out (publish does not read it back), O_DIRECT where possible (direct_file.py).
+    with HashingWriter(dst_onnx.parent / data_name) as f:
 
         def write(base: str, packed: np.ndarray, scales: np.ndarray) -> tuple[list, list]:
             nonlocal offset
@@ -117,7 +120,7 @@ def quantize_graph(
                 pad = (-offset) % ALIGNMENT if arr.nbytes > ALIGNMENT else 0
                 f.write(b"\0" * pad)
                 offset += pad
-                f.write(arr.tobytes())
+                f.write(np.ascontiguousarray(arr))  # a fresh array nothing changes afterwards
                 place = (helper.np_dtype_to_tensor_dtype(arr.dtype), tuple(arr.shape), data_name, offset, arr.nbytes)
                 tensors.append(_external_tensor(name, *place))
                 places.append((name, place))

@@ -109,6 +109,8 @@ class ExportStage:
                     opset=e.opset,
                     progress=ctx.progress,
                     twin=twin.graphs if twin is not None else None,
+                    # Full validation reads the graphs right back: keep them in the page cache then.
+                    direct=twin is not None or not e.validate_outputs,
                 )
             else:
                 graphs = _export_torchscript(src, out, shape, e, ctx.progress)
