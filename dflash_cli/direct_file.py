@@ -1,13 +1,16 @@
-"""A write-only file for gigabytes written once: O_DIRECT where the filesystem allows it.
+"""A write-only file for gigabytes written once, with O_DIRECT when DFLASH_DIRECT_IO=1.
 
-An export writes 2-3 GB per pair that the build itself never reads back (an fp32 compile links the
-files). Through the page cache every 4 KiB of it first needs a fresh page: on the 2-core VM this was
-measured on, buffered writes of 2.5 GB ran at 0.27-0.56 GB/s with most of a core in the kernel,
-O_DIRECT at 1.3-1.7 GB/s with the CPU idle (`dd bs=8M`, alternating). O_DIRECT wants the memory, the
-file offset and the length aligned, so blocks are gathered in an aligned staging buffer and written a
-whole buffer at a time; the last one is padded to the alignment and the file truncated back.
-Filesystems that refuse O_DIRECT (tmpfs, some network mounts) get ordinary buffered writes.
-DFLASH_DIRECT_IO=0 turns it off.
+Through the page cache every 4 KiB written first needs a page. On the 2-core VM this was measured on,
+fresh pages are slow (its host takes freed guest memory back): buffered writes of 2.5 GB ran at
+0.27-0.56 GB/s with most of a core in the kernel, O_DIRECT at 1.3-1.7 GB/s with the CPU idle
+(`dd bs=8M`, alternating), and a whole 0.6B-shaped `dflash build` took 18.2 s instead of 21.5 s. But a
+file written around the page cache is read back from the disk: the `dflash run` right after such a
+build took ~10 s longer, more than the build saved. So it is opt-in, for builds whose output is used
+elsewhere or later (a CI build machine) or pairs whose export cannot stay in the page cache anyway.
+O_DIRECT wants the memory, the file offset and the length aligned, so blocks are gathered in an
+aligned staging buffer and written a whole buffer at a time; the last one is padded to the alignment
+and the file truncated back. Filesystems that refuse O_DIRECT (tmpfs, some network mounts) get
+ordinary buffered writes.
 """
 
 from __future__ import annotations
@@ -21,12 +24,12 @@ STAGE_BYTES = 8 << 20
 
 
 def direct_io_wanted() -> bool:
-    return hasattr(os, "O_DIRECT") and os.environ.get("DFLASH_DIRECT_IO", "1") != "0"
+    return hasattr(os, "O_DIRECT") and os.environ.get("DFLASH_DIRECT_IO") == "1"
 
 
 class DirectFile:
     """`write(buffer)` appends; `close()` leaves exactly the bytes written. Not thread-safe: one writer.
-    `direct=False` for a file read back soon (it then stays in the page cache)."""
+    `direct=False`: never O_DIRECT (a file read back at once), whatever DFLASH_DIRECT_IO says."""
 
     def __init__(self, path: Path, direct: bool = True, stage_bytes: int = STAGE_BYTES) -> None:
         self.path = path

@@ -41,8 +41,13 @@ def test_the_file_holds_exactly_what_was_written(tmp_path, direct):
         assert not used
 
 
-def test_off_by_environment(tmp_path, monkeypatch):
-    monkeypatch.setenv("DFLASH_DIRECT_IO", "0")
+@pytest.fixture(autouse=True)
+def _direct_io_on(monkeypatch):
+    monkeypatch.setenv("DFLASH_DIRECT_IO", "1")
+
+
+def test_off_by_default(tmp_path, monkeypatch):
+    monkeypatch.delenv("DFLASH_DIRECT_IO")
     _, used = _write(tmp_path / "d.data")
     assert not used
 

@@ -110,7 +110,7 @@ def quantize_graph(
 
     from dflash_cli.cache import HashingWriter
 
-    # Hashed on the way out (publish does not read it back), O_DIRECT where possible (direct_file.py).
+    # Hashed on the way out: publish does not read it back (and O_DIRECT with DFLASH_DIRECT_IO=1).
     with HashingWriter(dst_onnx.parent / data_name) as f:
 
         def write(base: str, packed: np.ndarray, scales: np.ndarray) -> tuple[list, list]:
