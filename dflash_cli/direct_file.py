@@ -55,6 +55,10 @@ class DirectFile:
         import numpy as np
 
         data = np.frombuffer(block, dtype=np.uint8)
+        if not self.direct and not self._fill:  # buffered: no staging copy needed
+            self._write_all(memoryview(data))
+            self.size += data.size
+            return
         while data.size:
             take = min(data.size, len(self._view) - self._fill)
             self._array[self._fill : self._fill + take] = data[:take]
@@ -78,6 +82,10 @@ class DirectFile:
                 padded = length
         self.size += length
         self._fill = 0
+
+    def _write_all(self, view) -> None:
+        while view:
+            view = view[os.write(self._fd, view) :]
 
     def _buffered(self) -> None:
         import fcntl
