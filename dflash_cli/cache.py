@@ -70,9 +70,9 @@ _FRESH_DIGESTS: dict[tuple[int, int, int], str] = {}
 class HashingWriter:
     """A binary file written and sha256-hashed by two background threads (both release the GIL on
     large buffers), so the 2-3 GB an export writes are stored and hashed while the next tensor is read
-    and converted, and not read back and hashed at publish. The file is a DirectFile (O_DIRECT
-    with DFLASH_DIRECT_IO=1 unless `direct=False`). A write error (a full disk) is raised by the next `write` or by `close`.
-    Buffers handed to `write` must not change afterwards."""
+    and converted, and not read back and hashed at publish. The file is a DirectFile (O_DIRECT with
+    DFLASH_DIRECT_IO=1 unless `direct=False`). A write error (a full disk) is raised by the next
+    `write` or by `close`. Buffers handed to `write` must not change afterwards."""
 
     def __init__(self, path: Path, depth: int = 2, direct: bool = True) -> None:
         import queue

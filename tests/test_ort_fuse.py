@@ -26,6 +26,8 @@ def test_compiled_graphs_are_fused_and_checked(qwen3_engine) -> None:
     for graph in ("target", "draft"):
         ops = _ops(compiled / f"{graph}.onnx")
         assert ops.get("SimplifiedLayerNormalization", 0) > 0 and "Pow" not in ops, ops
+        # the MLP's SiLU is one QuickGelu per layer
+        assert ops.get("QuickGelu", 0) == facts[f"{graph}_fused"]["silu"] > 0 and "Sigmoid" not in ops, ops
         assert not list(compiled.glob("*.unfused.onnx"))
     # The export keeps the accelerator-safe forms (the compile stage rewrote its own copy).
     exported = _ops(qwen3_engine.export_dir / "target.onnx")

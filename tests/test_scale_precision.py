@@ -35,6 +35,11 @@ def test_weight_only_precisions_stay_lossless(precision: str, family: str, reque
     assert "MatMulNBits" in ops
     # q/k/v and gate/up stacked per layer; the prefix-cache target's attention still found through them.
     assert facts["target_stacked_matmuls"] > 0 and facts["target_prefix_fused"]["attention"] > 0
+    # ... and its q/k/v padded to two rows once per layer, before the stacked projection's Split
+    prefix = onnx.load(str(engine.compile_dir / "target_prefix.onnx"), load_external_data=False)
+    layers = facts["target_prefix_fused"]["attention"]
+    assert facts["target_prefix_fused"]["row_pads_merged"] == layers
+    assert sum(n.op_type == "Pad" for n in prefix.graph.node) == layers
     # The draft's lm_head is the target's tensor: quantised once, the draft points at the target's copy.
     draft = onnx.load(str(engine.compile_dir / "draft.onnx"), load_external_data=False)
     head = next(t for t in draft.graph.initializer if "lm_head" in t.name and t.name.endswith(f".w{precision[-1]}"))

@@ -9,6 +9,7 @@ demo's plain decode ran ~25% slower with them). The compile stage rewrites its c
   rmsnorm   every RMSNorm module's nodes (found by the exporter's module scopes, not by op
             patterns) -> one SimplifiedLayerNormalization, ONNX Runtime's fused kernel
   v-guard   Where(live, V, 0) feeding the attention's probs @ V -> V
+  silu      x * Sigmoid(x) (the MLP's SiLU) -> QuickGelu(x, alpha=1), one kernel instead of two
   attention (the prefix-cache target only) each layer's attention -> one GroupQueryAttention with the
             KV cache updated in place (ortcompile/gqa.py)
 
@@ -39,7 +40,9 @@ _FORM_CONSTANTS = (1 / 256, 2.0, -1.0, 256.0, 2.0**-24)
 class FuseResult:
     norms: int = 0
     v_guards: int = 0
+    silu: int = 0
     attention: int = 0  # layers whose attention became GroupQueryAttention
+    merged_pads: int = 0  # of those, layers whose q/k/v are padded once (ortcompile/gqa.py)
     skipped: list[str] = field(default_factory=list)  # what was left as it was, with the reason
 
 
@@ -53,11 +56,13 @@ def fuse_graph(src: Path, dst: Path, attention: bool = False) -> FuseResult:
     result = FuseResult()
     _fuse_norms(model.graph, result)
     _drop_v_guards(model.graph, result)
+    _fuse_silu(model, result)
     if attention:
         from dflash_cli.ortcompile.gqa import rewrite_attention
 
         gqa = rewrite_attention(model, src.parent)
         result.attention = gqa.layers
+        result.merged_pads = gqa.merged_pads
         result.skipped += [f"attention: {why}" for why in gqa.skipped]
     onnx.save(model, str(dst))
     return result
@@ -220,6 +225,43 @@ def _drop_v_guards(graph, result: FuseResult) -> None:
             reader.input[i] = guard.input[1]
         graph.node.remove(guard)
         result.v_guards += 1
+
+
+def _fuse_silu(model, result: FuseResult) -> None:
+    """Mul(x, Sigmoid(x)) -> com.microsoft QuickGelu(x, alpha=1.0), which computes x * sigmoid(alpha * x).
+
+    Elementwise, so every position stays independent of the others in its call. With the pad merge of
+    ortcompile/gqa.py, 0.967x the time of a 0.6B-shaped int4 decode step (in-process, alternating)."""
+    from onnx import helper
+
+    graph = model.graph
+    readers: dict[str, list] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    graph_outputs = {o.name for o in graph.output}
+    replace: dict[int, object] = {}
+    drop: set[int] = set()
+    for node in graph.node:
+        if node.op_type != "Sigmoid" or node.output[0] in graph_outputs:
+            continue
+        x, s = node.input[0], node.output[0]
+        users = readers.get(s, [])
+        if len(users) != 1 or users[0].op_type != "Mul" or sorted(users[0].input) != sorted([x, s]):
+            continue
+        mul = users[0]
+        replace[id(mul)] = helper.make_node(
+            "QuickGelu", [x], [mul.output[0]], name=f"{node.name or x}/QuickGelu", domain="com.microsoft", alpha=1.0
+        )
+        drop.add(id(node))
+    if not replace:
+        return
+    kept = [replace.get(id(n), n) for n in graph.node if id(n) not in drop]
+    del graph.node[:]
+    graph.node.extend(kept)
+    if not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    result.silu = len(replace)
 
 
 def model_ops(model: onnx.ModelProto) -> dict[str, int]:

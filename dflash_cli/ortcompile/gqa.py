@@ -41,6 +41,7 @@ _PROJ = re.compile(r"layers\.(\d+)\.self_attn\.([qkvo])_proj\.weight(\.w\d+)?$")
 @dataclass
 class GqaResult:
     layers: int = 0
+    merged_pads: int = 0  # layers whose q/k/v are padded once, before the Split of their stacked projection
     skipped: list[str] = field(default_factory=list)  # why the graph (or a layer) was left as it was
 
 
@@ -218,6 +219,7 @@ def rewrite_attention(model, base_dir: Path) -> GqaResult:
         ordered.append(node)
     del graph.node[:]
     graph.node.extend(_live(ordered, {o.name for o in graph.output}))
+    result.merged_pads = _merge_row_pads(graph)
     graph.initializer.extend(new_inits)
     used = {name for n in graph.node for name in n.input}
     keep = [t for t in graph.initializer if t.name in used]
@@ -277,6 +279,72 @@ def _out_features(node, weight) -> int | None:
     if len(weight.dims) != 2:
         return None
     return weight.dims[1] if node.input[1] == weight.name else weight.dims[0]
+
+
+def _merge_row_pads(graph) -> int:
+    """Where a layer's q, k and v come from one Split (the stacked q/k/v MatMulNBits of an int8/int4
+    compile) through per-head norms and reshapes only, pad the Split's input once instead of q, k and v
+    each: one node instead of three, and the norms see the padding row as a copy of the real one (edge
+    mode), which they treat like any row. Only where every tensor on the way has a single reader, so no
+    other node sees the extra row. Returns the layers merged."""
+    from onnx import helper
+
+    producers = {o: n for n in graph.node for o in n.output}
+    readers: dict[str, list] = {}
+    for n in graph.node:
+        for name in n.input:
+            readers.setdefault(name, []).append(n)
+    outputs = {o.name for o in graph.output}
+
+    def sole_reader(name: str, node) -> bool:
+        return name not in outputs and len(readers.get(name, [])) == 1 and readers[name][0] is node
+
+    def split_above(pad):
+        """The Split `pad`'s input comes from through single-reader Reshape / norm chains, or None."""
+        node, below = producers.get(pad.input[0]), pad
+        while node is not None and node.op_type in ("Reshape", "SimplifiedLayerNormalization"):
+            if not sole_reader(node.output[0], below):
+                return None
+            node, below = producers.get(node.input[0]), node
+        if node is None or node.op_type != "Split" or not all(sole_reader(o, _reader_of(o)) for o in node.output):
+            return None
+        return node
+
+    def _reader_of(name: str):
+        users = readers.get(name, [])
+        return users[0] if len(users) == 1 else None
+
+    drop: set[int] = set()
+    before: dict[int, object] = {}
+    for gqa in [n for n in graph.node if n.op_type == "GroupQueryAttention"]:
+        pads = [producers.get(name) for name in gqa.input[:3]]
+        if not all(p is not None and p.op_type == "Pad" and sole_reader(p.output[0], gqa) for p in pads):
+            continue
+        splits = {id(s): s for s in (split_above(p) for p in pads) if s is not None}
+        if len(splits) != 1 or any(split_above(p) is None for p in pads):
+            continue
+        split = next(iter(splits.values()))
+        src = split.input[0]
+        if src in outputs or len(readers.get(src, [])) != 1:
+            continue
+        rows = f"{src}.rows"
+        before[id(split)] = helper.make_node("Pad", [src, pads[0].input[1]], [rows], mode="edge")
+        split.input[0] = rows
+        for j, pad in enumerate(pads):
+            gqa.input[j] = pad.input[0]
+            drop.add(id(pad))
+    if not before:
+        return 0
+    kept = []
+    for node in graph.node:
+        if id(node) in drop:
+            continue
+        if id(node) in before:
+            kept.append(before[id(node)])
+        kept.append(node)
+    del graph.node[:]
+    graph.node.extend(kept)
+    return len(before)
 
 
 def _live(nodes: list, wanted: set[str]) -> list:

@@ -23,8 +23,9 @@ CHECK_FLOOR_BYTES = 1 << 30  # graphs this small are always loaded and checked a
 class CompileStage:
     name = "compile"
     # 5: stacked q/k/v, gate/up; 6: twins share stacks; 7: call-length check; 8: GQA pads one-row calls;
-    # 9: the call-length check covers the hybrid's verifies past the block
-    version = 9
+    # 9: the call-length check covers the hybrid's verifies past the block; 10: SiLU as QuickGelu, q/k/v
+    # padded once before their stacked Split
+    version = 10
     upstream = ("export",)
     tools: tuple[str, ...] = ("onnx", "onnxruntime")  # the QAIC SDK version is in key_fields
 
@@ -144,11 +145,13 @@ def _compile_ort(ctx: StageContext) -> dict[str, Any]:
             facts[f"{gname}_fused"] = {
                 "rmsnorm": result.norms,
                 "v_guard": result.v_guards,
+                "silu": result.silu,
                 "attention": result.attention,
+                "row_pads_merged": result.merged_pads,
                 "skipped": result.skipped,
             }
             ctx.progress(
-                f"{gname}: {result.norms} RMSNorms fused, {result.v_guards} V guards dropped"
+                f"{gname}: {result.norms} RMSNorms fused, {result.v_guards} V guards dropped, {result.silu} SiLUs fused"
                 + (f", {result.attention} attention layers -> GroupQueryAttention" if result.attention else "")
             )
             keep = path.with_name(path.stem + ".unfused.onnx")
