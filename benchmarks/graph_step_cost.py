@@ -1,12 +1,16 @@
 """Per-call cost of compiled graphs, side by side: T(1), T(block) and the draft call, interleaved.
 
     python benchmarks/graph_step_cost.py LABEL=COMPILE_DIR[#prefix] [...] [--calls 200] [--start 100] [--out F.json]
+        [--as-run]
 
 Each COMPILE_DIR is a compile artifact (target.onnx, draft.onnx, export.json), from any revision of
 this code, so graphs built by older checkouts can be timed against today's in one process. Every
 round times one call of each kind on every variant in turn (so machine noise hits all alike), at
 cache positions 100.. as in a short generation; medians and ratios to the first variant are reported.
-Decode-relevant only: prefill is one call per prompt.
+Decode-relevant only: prefill is one call per prompt. `--as-run`: the sessions as `dflash run` opens
+them for plain decoding (one spinning thread pool shared by all; one-token target calls padded to two
+rows only where the build said so) and the variants' order rotating each round; also reports whether
+each variant's target outputs equal the first variant's.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 START = 100  # cache position of the first timed call
 
 
-def open_variant(spec: str):
+def open_variant(spec: str, as_run: bool = False):
     """COMPILE_DIR, or COMPILE_DIR#prefix for its prefix-cache graphs (graph revision 7 on)."""
     from dflash_cli.backends.ort import OrtSession
     from dflash_cli.backends.ort_prefix import open_prefix_session
@@ -39,6 +43,9 @@ def open_variant(spec: str):
         # in-place KV (GroupQueryAttention) where the compile stage rewrote the target (compile revision 4 on)
         target = open_prefix_session(path / g["target_prefix"]["onnx"], "target", info["ctx_len"])
         draft = open_prefix_session(path / g["draft_prefix"]["onnx"], "draft", info["ctx_len"])
+        if as_run:  # as the engine decides (decoding/engine.py)
+            facts = json.loads((path / "compile.json").read_text())
+            target.pad_single_rows = facts.get("prefix_one_token_calls") != "one row"
     else:
         target = OrtSession(path / info["graphs"]["target"]["onnx"], "target")
         draft = OrtSession(path / info["graphs"]["draft"]["onnx"], "draft")
@@ -58,11 +65,16 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--start", type=int, default=START, help="cache position of the first timed call")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--as-run", action="store_true", help="shared spinning pool, padding as built, rotating order")
     args = ap.parse_args()
+    if args.as_run:
+        from dflash_cli.backends.ort import use_shared_thread_pool
+
+        use_shared_thread_pool(0)
     variants = {}
     for v in args.variants:
         label, _, path = v.rpartition("=")
-        variants[label] = open_variant(path)
+        variants[label] = open_variant(path, args.as_run)
     block = {info["block_size"] for info, *_ in variants.values()}
     assert len(block) == 1, "variants must share the block size"
     B = block.pop()
@@ -77,11 +89,18 @@ def main() -> None:
             pos = np.full((1, P), -1, np.int64)
             pos[0, :n] = np.arange(s, s + n)
             target.run({"input_ids": np.ones((1, P), np.int64), "position_ids": pos})
+    first = next(iter(variants))
+    same = dict.fromkeys(variants, True)
     for i in range(args.calls):
         p = args.start + (i % 64)  # stay within the first positions; rewriting slots is what decoding does
         one = {"input_ids": rng.integers(1, 100, (1, 1)), "position_ids": np.array([[p]])}
         blk = {"input_ids": rng.integers(1, 100, (1, B)), "position_ids": np.arange(p, p + B)[None]}
-        for label, (_, target, draft, hidden) in variants.items():
+        order = list(variants)
+        if args.as_run:  # no variant always runs right after another's call
+            order = order[i % len(order) :] + order[: i % len(order)]
+        seen = {}
+        for label in order:
+            _, target, draft, hidden = variants[label]
             ctx = {
                 "input_ids": rng.integers(1, 100, (1, B)),
                 "position_ids": np.arange(p, p + B)[None],
@@ -91,17 +110,20 @@ def main() -> None:
             times[label]["T(1)"].append(timed(target, one))
             times[label][f"T({B})"].append(timed(target, blk))
             times[label]["draft"].append(timed(draft, ctx))
-    first = next(iter(variants))
+            seen[label] = target.run(one)  # the same call again: the outputs of this variant
+        for label in variants:
+            same[label] &= all(np.array_equal(seen[label][k], seen[first][k]) for k in seen[first])
     doc = {"calls": args.calls, "start": args.start, "block_size": B, "variants": {}}
     print(f"{'variant':40s} {'T(1) ms':>9s} {f'T({B}) ms':>9s} {'draft ms':>9s}  T({B})/T(1) draft/T(1)  vs {first}")
     for label, t in times.items():
         med = {k: statistics.median(v) * 1e3 for k, v in t.items()}
         ratio = {k: med[k] / (statistics.median(times[first][k]) * 1e3) for k in med}
-        doc["variants"][label] = {"median_ms": med, "ratio_to_first": ratio}
+        doc["variants"][label] = {"median_ms": med, "ratio_to_first": ratio, "outputs_equal_first": same[label]}
         print(
             f"{label:40s} {med['T(1)']:9.3f} {med[f'T({B})']:9.3f} {med['draft']:9.3f}  "
             f"{med[f'T({B})'] / med['T(1)']:10.2f} {med['draft'] / med['T(1)']:10.2f}  "
-            + " ".join(f"{k} {r:.2f}x" for k, r in ratio.items())
+            + " ".join(f"{k} {r:.3f}x" for k, r in ratio.items())
+            + ("" if same[label] else "  (outputs differ)")
         )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
