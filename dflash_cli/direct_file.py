@@ -15,9 +15,12 @@ ordinary buffered writes.
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 from pathlib import Path
+
+import numpy as np
 
 ALIGN = 4096  # covers 512-byte and 4 KiB logical blocks
 STAGE_BYTES = 8 << 20
@@ -43,8 +46,6 @@ class DirectFile:
                 pass  # EINVAL: the filesystem has no O_DIRECT
         if not self.direct:
             self._fd = os.open(path, flags, 0o644)
-        import numpy as np
-
         self._stage = mmap.mmap(-1, stage_bytes)  # page-aligned memory
         self._view = memoryview(self._stage)
         self._array = np.frombuffer(self._stage, dtype=np.uint8)  # numpy copies without holding the GIL
@@ -52,8 +53,6 @@ class DirectFile:
         self.size = 0
 
     def write(self, block) -> None:
-        import numpy as np
-
         data = np.frombuffer(block, dtype=np.uint8)
         if not self.direct and not self._fill:  # buffered: no staging copy needed
             self._write_all(memoryview(data))
@@ -76,7 +75,7 @@ class DirectFile:
             try:
                 done += os.write(self._fd, self._view[done:padded])
             except OSError as exc:
-                if not self.direct or exc.errno != 22:  # EINVAL: O_DIRECT refused at write time
+                if not self.direct or exc.errno != errno.EINVAL:  # O_DIRECT refused at write time
                     raise
                 self._buffered()
                 padded = length

@@ -60,7 +60,8 @@ def export_pair(
     weights are the ones target.onnx.data / draft.onnx.data already hold. With `twin`
     (twin_graphs.TwinGraphs), the validation twin's static graphs are grown from the same traced
     layers (`twin.made` names the graphs it got; the caller exports the rest itself). `direct`: the
-    data files bypass the page cache (nothing reads them back soon; dflash_cli/direct_file.py).
+    data files may bypass the page cache (DFLASH_DIRECT_IO=1; dflash_cli/direct_file.py); False when
+    something reads them back at once.
     """
     from dflash_cli.modeling.layers import Rotary
     from dflash_cli.modeling.loading import build_draft, build_target, draft_config, draft_store_name, target_config

@@ -299,6 +299,10 @@ def _merge_row_pads(graph) -> int:
     def sole_reader(name: str, node) -> bool:
         return name not in outputs and len(readers.get(name, [])) == 1 and readers[name][0] is node
 
+    def reader_of(name: str):
+        users = readers.get(name, [])
+        return users[0] if len(users) == 1 else None
+
     def split_above(pad):
         """The Split `pad`'s input comes from through single-reader Reshape / norm chains, or None."""
         node, below = producers.get(pad.input[0]), pad
@@ -306,13 +310,10 @@ def _merge_row_pads(graph) -> int:
             if not sole_reader(node.output[0], below):
                 return None
             node, below = producers.get(node.input[0]), node
-        if node is None or node.op_type != "Split" or not all(sole_reader(o, _reader_of(o)) for o in node.output):
+        if node is None or node.op_type != "Split" or not all(sole_reader(o, reader_of(o)) for o in node.output):
             return None
-        return node
-
-    def _reader_of(name: str):
-        users = readers.get(name, [])
-        return users[0] if len(users) == 1 else None
+        axis = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "axis"), 0)
+        return node if axis in (-1, 2) else None  # split along the features of [1, rows, features]
 
     drop: set[int] = set()
     before: dict[int, object] = {}
