@@ -36,7 +36,8 @@ class DirectFile:
 
     def __init__(self, path: Path, direct: bool = True, stage_bytes: int = STAGE_BYTES) -> None:
         self.path = path
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
+        # O_BINARY: Windows would otherwise translate newlines in the bytes written
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
         self.direct = False
         if direct and direct_io_wanted():
             try:
