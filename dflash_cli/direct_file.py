@@ -47,15 +47,15 @@ class DirectFile:
                 pass  # EINVAL: the filesystem has no O_DIRECT
         if not self.direct:
             self._fd = os.open(path, flags, 0o644)
-        self._stage = mmap.mmap(-1, stage_bytes)  # page-aligned memory
-        self._view = memoryview(self._stage)
-        self._array = np.frombuffer(self._stage, dtype=np.uint8)  # numpy copies without holding the GIL
+        self._stage = mmap.mmap(-1, stage_bytes) if self.direct else None  # page-aligned memory
+        self._view = memoryview(self._stage) if self.direct else None
+        self._array = np.frombuffer(self._stage, dtype=np.uint8) if self.direct else None  # copies outside the GIL
         self._fill = 0
         self.size = 0
 
     def write(self, block) -> None:
         data = np.frombuffer(block, dtype=np.uint8)
-        if not self.direct and not self._fill:  # buffered: no staging copy needed
+        if not self.direct and not self._fill:  # buffered, nothing staged before a fallback: straight through
             self._write_all(memoryview(data))
             self.size += data.size
             return
@@ -104,6 +104,7 @@ class DirectFile:
         finally:
             os.close(self._fd)
             self._fd = -1
-            del self._array
-            self._view.release()
-            self._stage.close()
+            if self._stage is not None:
+                self._array = None
+                self._view.release()
+                self._stage.close()

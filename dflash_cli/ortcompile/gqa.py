@@ -321,10 +321,10 @@ def _merge_row_pads(graph) -> int:
         pads = [producers.get(name) for name in gqa.input[:3]]
         if not all(p is not None and p.op_type == "Pad" and sole_reader(p.output[0], gqa) for p in pads):
             continue
-        splits = {id(s): s for s in (split_above(p) for p in pads) if s is not None}
-        if len(splits) != 1 or any(split_above(p) is None for p in pads):
+        found = [split_above(p) for p in pads]
+        split = found[0]
+        if split is None or any(s is not split for s in found):
             continue
-        split = next(iter(splits.values()))
         src = split.input[0]
         if src in outputs or len(readers.get(src, [])) != 1:
             continue
