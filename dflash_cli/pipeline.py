@@ -160,11 +160,22 @@ def build(
     cache.ensure_writable()
     result = BuildResult(recipe=recipe.name)
     paths: dict[str, Path] = {}
+    early = _start_early(planned, recipe, cache, [force or i >= first_rebuild for i in range(len(planned))])
+    try:
+        _run_stages(planned, recipe, cache, paths, emit, force, first_rebuild, result, early)
+    finally:
+        for handle in early.values():
+            handle.close()
+    return result
+
+
+def _run_stages(planned, recipe, cache, paths, emit, force, first_rebuild, result, early) -> None:
     for index, item in enumerate(planned):
         events = _Emitter(emit, item.stage.name, index, len(planned))
         events("start")
         t0 = time.perf_counter()
-        status, path = _build_one(item, recipe, cache, paths, events, must_build=force or index >= first_rebuild)
+        must_build = force or index >= first_rebuild
+        status, path = _build_one(item, recipe, cache, paths, events, must_build=must_build, early=early)
         paths[item.stage.name] = path
         entry = cache.entry(item.stage.name, item.key)
         if status == "built":
@@ -181,7 +192,26 @@ def build(
         )
         result.stages.append(stage_result)
         events("done", status, stage_result)
-    return result
+
+
+def _start_early(planned: list[PlannedStage], recipe: Any, cache: Cache, must_build: list[bool]) -> dict[str, Any]:
+    """Each stage's `start_early` handle, for stages this build will run (Stage protocol, stages/base.py).
+    Best effort: a failure only means the stage does all its work when its turn comes (where a real
+    problem, a bad checkpoint say, is reported by the stage that owns it)."""
+    handles: dict[str, Any] = {}
+    for item, must in zip(planned, must_build, strict=True):
+        start = getattr(item.stage, "start_early", None)
+        if start is None:
+            continue
+        try:
+            if not must and cache.lookup(item.stage.name, item.key) is not None:
+                continue
+            handle = start(recipe)
+        except Exception:  # noqa: BLE001 - see above
+            continue
+        if handle is not None:
+            handles[item.stage.name] = handle
+    return handles
 
 
 def artifact_path(recipe: Any, cache: Cache, stage: str, stages: Sequence[Stage] | None = None) -> Path:
@@ -243,7 +273,14 @@ class _Emitter:
 
 
 def _build_one(
-    item: PlannedStage, recipe: Any, cache: Cache, paths: dict[str, Path], events: _Emitter, *, must_build: bool
+    item: PlannedStage,
+    recipe: Any,
+    cache: Cache,
+    paths: dict[str, Path],
+    events: _Emitter,
+    *,
+    must_build: bool,
+    early: dict[str, Any] | None = None,
 ) -> tuple[Literal["built", "cached"], Path]:
     name, key = item.stage.name, item.key
     path = None if must_build else _lookup(recipe, cache, name, key)
@@ -259,7 +296,13 @@ def _build_one(
         try:
             with cache.staging(name, key) as tmp:
                 inputs = {u: paths[u] for u in item.upstream}
-                ctx = StageContext(recipe=recipe, out_dir=tmp, inputs=inputs, progress=lambda m: events("message", m))
+                ctx = StageContext(
+                    recipe=recipe,
+                    out_dir=tmp,
+                    inputs=inputs,
+                    progress=lambda m: events("message", m),
+                    early=(early or {}).get(name),
+                )
                 t0 = time.perf_counter()
                 facts = item.stage.run(ctx) or {}
                 manifest = {

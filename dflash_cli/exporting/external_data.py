@@ -12,6 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dflash_cli.cache import HashingWriter
 
 ALIGNMENT = 65536  # large tensors start on a 64 KiB boundary, so runtimes can memory-map them
 ALIGN_ABOVE = 1 << 20
@@ -33,6 +37,55 @@ class Initializer:
     origin: dict | None = None  # checkpoint tensor it is converted from (weight_sources.py), if any
 
 
+class DataFile:
+    """One graph's external data file, appended to tensor by tensor and hashed on the way out
+    (cache.HashingWriter); large tensors start on an ALIGNMENT boundary."""
+
+    def __init__(self, out_dir: Path, name: str, direct: bool = True) -> None:
+        from dflash_cli.cache import HashingWriter
+
+        self.name, self.offset = name, 0
+        self._file: HashingWriter | None = HashingWriter(out_dir / name, direct=direct)
+
+    def append(self, blocks: Iterable, nbytes: int, what: str) -> tuple[str, int, int]:
+        """Write `blocks` (bytes or numpy blocks, `nbytes` in all); returns (file name, offset, length)."""
+        if nbytes > ALIGN_ABOVE and self.offset % ALIGNMENT:
+            pad = ALIGNMENT - self.offset % ALIGNMENT
+            self._file.write(b"\0" * pad)
+            self.offset += pad
+        length = 0
+        for block in blocks:
+            self._file.write(block if isinstance(block, bytes) else memoryview(block).cast("B"))
+            length += block.nbytes if not isinstance(block, bytes) else len(block)
+        if length != nbytes:
+            raise RuntimeError(f"{what}: wrote {length} bytes, expected {nbytes}")
+        place = (self.name, self.offset, length)
+        self.offset += length
+        return place
+
+    def close(self, ok: bool = True) -> None:
+        """Finish the file (and record its digest) when `ok`; a second call does nothing."""
+        file, self._file = self._file, None
+        if file is not None:
+            file.close(ok=ok)
+
+
+def prewrite(
+    data: DataFile,
+    tensors: list[tuple[Initializer, int]],
+    written: WrittenTensors,
+    progress: Callable[[int, int, int], None] | None = None,
+) -> None:
+    """Append each (source, byte size) to `data` before the graph that reads them exists (its template
+    is still being traced elsewhere); `write_initializers` then finds them in `written`. Every tensor
+    given must be one the graph reads, or its bytes are dead weight in the file."""
+    for i, (src, nbytes) in enumerate(tensors):
+        if src.identity is not None and src.identity not in written.places:
+            written.places[src.identity] = data.append(src.produce(), nbytes, src.name)
+        if progress is not None:
+            progress(i + 1, len(tensors), data.offset)
+
+
 def write_initializers(
     model,
     out_dir: Path,
@@ -41,20 +94,21 @@ def write_initializers(
     written: WrittenTensors,
     progress: Callable[[int, int, int], None] | None = None,
     direct: bool = True,
+    data: DataFile | None = None,
 ) -> int:
     """Stream every initializer of `model` (onnx_ir) into out_dir/data_name; returns bytes written.
 
     `sources` gives the producer for initializers whose value is not in the graph (weights traced on
     the meta device); other initializers are written from their own value. `direct=False` keeps the
-    file in the page cache (read back soon); see dflash_cli/direct_file.py.
+    file in the page cache (read back soon); see dflash_cli/direct_file.py. `data`: that file, already
+    opened (and `prewrite` into); it is closed here either way.
     """
     import onnx_ir as ir
 
-    from dflash_cli.cache import HashingWriter
-
     inits = list(model.graph.initializers.values())
-    offset = 0
-    with HashingWriter(out_dir / data_name, direct=direct) as f:
+    data = data if data is not None else DataFile(out_dir, data_name, direct=direct)
+    ok = False
+    try:
         for i, value in enumerate(inits):
             src = sources.get(value.name)
             if value.const_value.nbytes < INLINE_BELOW:
@@ -63,19 +117,8 @@ def write_initializers(
                 continue
             place = written.places.get(src.identity) if src is not None and src.identity is not None else None
             if place is None:
-                if value.const_value.nbytes > ALIGN_ABOVE and offset % ALIGNMENT:
-                    pad = ALIGNMENT - offset % ALIGNMENT
-                    f.write(b"\0" * pad)
-                    offset += pad
                 blocks = src.produce() if src is not None else [value.const_value.tobytes()]
-                length = 0
-                for block in blocks:
-                    f.write(block if isinstance(block, bytes) else memoryview(block).cast("B"))
-                    length += block.nbytes if not isinstance(block, bytes) else len(block)
-                if length != value.const_value.nbytes:
-                    raise RuntimeError(f"{value.name}: wrote {length} bytes, expected {value.const_value.nbytes}")
-                place = (data_name, offset, length)
-                offset += length
+                place = data.append(blocks, value.const_value.nbytes, value.name)
                 if src is not None and src.identity is not None:
                     written.places[src.identity] = place
             location, start, length = place
@@ -84,5 +127,8 @@ def write_initializers(
                 location, start, length, old.dtype, shape=old.shape, name=value.name, base_dir=str(out_dir)
             )
             if progress is not None:
-                progress(i + 1, len(inits), offset)
-    return offset
+                progress(i + 1, len(inits), data.offset)
+        ok = True
+    finally:
+        data.close(ok=ok)
+    return data.offset

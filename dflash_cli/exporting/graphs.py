@@ -19,9 +19,10 @@ from typing import Any
 import torch
 
 from dflash_cli.exporting import trace_worker, weight_sources
-from dflash_cli.exporting.external_data import Initializer, WrittenTensors
+from dflash_cli.exporting.external_data import DataFile, Initializer, WrittenTensors, prewrite
 from dflash_cli.exporting.replicate import ReplicationError
-from dflash_cli.exporting.torch_to_onnx import finish_template, trace_template, warm_up
+from dflash_cli.exporting.template_arrivals import TemplateArrivals
+from dflash_cli.exporting.torch_to_onnx import finish_template, trace_template
 from dflash_cli.exporting.trace_worker import TraceWorker
 from dflash_cli.weights import WeightStore
 
@@ -52,6 +53,7 @@ def export_pair(
     prefix_graphs: bool = True,
     twin=None,
     direct: bool = True,
+    early=None,
 ) -> dict[str, Any]:
     """Export both graphs; returns per-graph facts (io names, layers, heads, bytes written, seconds).
 
@@ -61,8 +63,41 @@ def export_pair(
     (twin_graphs.TwinGraphs), the validation twin's static graphs are grown from the same traced
     layers (`twin.made` names the graphs it got; the caller exports the rest itself). `direct`: the
     data files may bypass the page cache (DFLASH_DIRECT_IO=1; dflash_cli/direct_file.py); False when
-    something reads them back at once.
+    something reads them back at once. `early` (early_trace.EarlyTrace): graphs traced ahead of this
+    stage, used when they were traced from exactly these configs and settings.
     """
+    jobs = plan_jobs(
+        src,
+        shape,
+        dtype=dtype,
+        logits=logits,
+        target_cfg=target_cfg,
+        draft_cfg=draft_cfg,
+        layer_ids=layer_ids,
+        rows=rows,
+        prefix_graphs=prefix_graphs,
+    )
+    ahead = None
+    if early is not None and (target_cfg, draft_cfg, layer_ids, rows) == (None, None, None, None):
+        ahead = early.worker_for(src, shape, dtype, logits, opset, prefix_graphs)
+    return _export_jobs(jobs, out, shape, dtype, opset, progress, twin, direct, ahead)
+
+
+def plan_jobs(
+    src: Path,
+    shape: PairShape,
+    *,
+    dtype: torch.dtype,
+    logits: bool,
+    target_cfg=None,
+    draft_cfg=None,
+    layer_ids: list[int] | None = None,
+    rows: int | None = None,
+    prefix_graphs: bool = True,
+    weights: bool = True,
+) -> list[_Job]:
+    """The graphs export_pair writes, in order, as modules on the meta device. `weights=False` needs
+    only the configs and pair.json in `src` (the early tracer): the jobs can be traced, not written."""
     from dflash_cli.modeling.layers import Rotary
     from dflash_cli.modeling.loading import build_draft, build_target, draft_config, draft_store_name, target_config
 
@@ -72,18 +107,18 @@ def export_pair(
     draft = build_draft(src, logits, cfg=draft_cfg, vocab=rows, device="meta", dtype=dtype)
     jobs: list[_Job] = []
     for gname, module, store, rename, rope_cfg, sym in (
-        ("target", target, WeightStore.open(src / "target"), None, target_cfg, {"input_ids": 1, "position_ids": 1}),
+        ("target", target, _store(src / "target", weights), None, target_cfg, {"input_ids": 1, "position_ids": 1}),
         (
             "draft",
             draft,
-            WeightStore.open(src / "draft"),
+            _store(src / "draft", weights),
             draft_store_name,
             draft_cfg,
             {"context_features": 1, "context_position_ids": 1},
         ),
     ):
         prefix = "" if gname == "target" else "draft."
-        sources = _sources(module, store, rename, dtype, rows)
+        sources = _sources(module, store, rename, dtype, rows) if weights else _unread(module)
         rotary = Rotary(rope_cfg)
         sources[prefix + "rotary.inv_freq"] = _constant(rotary.inv_freq.float())
         # RoPE by table lookup in the graph (fp16-safe angles); the tables cover every cache slot.
@@ -101,11 +136,11 @@ def export_pair(
         # StaticCacheTarget.use_prefix_cache); `written` makes it point at the weights already written.
         for flavour in ("", "_prefix") if prefix_graphs else ("",):
             jobs.append(_Job(gname, flavour, module, stand_in, store, rename, sources, sym))
-    return _export_jobs(jobs, out, shape, dtype, opset, progress, twin, direct)
+    return jobs
 
 
 def _export_jobs(
-    jobs: list[_Job], out: Path, shape: PairShape, dtype, opset: int, progress, twin, direct: bool
+    jobs: list[_Job], out: Path, shape: PairShape, dtype, opset: int, progress, twin, direct: bool, ahead=None
 ) -> dict[str, Any]:
     """Trace and write each job's graph, in order; returns export_pair's per-graph facts."""
     written = WrittenTensors()
@@ -114,65 +149,85 @@ def _export_jobs(
     def trace(job: _Job):
         return _trace(job, shape, dtype, opset)
 
-    # Every graph after the first is traced by a forked child while this process traces the first and
-    # writes its weights, by far the longest part (trace_worker.py); the order of writing stays the
-    # same, so shared weights are found.
-    split = 1 if len(jobs) > 1 and trace_worker.usable() else len(jobs)
-    worker = None
-    if split < len(jobs):
-        warm_up(opset)  # imports and op registry once, inherited by the child
+    # The first graph (the target's) holds most of the bytes. Its weights are written before anything
+    # else, in the module's parameter order, while its template is traced elsewhere: by the early
+    # tracer, started before convert (early_trace.py), or by a child forked here; either traces every
+    # graph, in order (trace_worker.py). Where neither can, this process traces after writing. The
+    # file's layout is the same whoever traced what.
+    worker = ahead
+    if worker is None and trace_worker.usable():
         # Out of the cyclic collector's full scans from here on, in both processes (and no GC writes
-        # to their pages in the child): mostly imported modules and that registry, which live as long
-        # as the process; this export's modules and jobs, also frozen, are freed by reference counting.
+        # to their pages in the child): mostly imported modules, which live as long as the process;
+        # this export's modules and jobs, also frozen, are freed by reference counting.
         gc.freeze()
         try:
-            worker = TraceWorker(jobs[split:], trace)
+            worker = TraceWorker(jobs, trace)
         except (OSError, AssertionError):  # no process to spare (limits; a daemon process may not fork)
-            split = len(jobs)
-    own_trace_s = 0.0
+            worker = None
     origins: dict[str, dict] = {}  # onnx file -> {initializer: checkpoint tensor}, for the compile
+
+    def twin_hook(job: _Job):
+        if twin is None or job.flavour or job.stand_in is None:
+            return None
+        return twin.hook(job.gname, WeightStore.open(job.store.root), job.rename)  # its own file handles
+
+    arrivals = None
+    if worker is not None:
+        hooks = {i: hook for i, job in enumerate(jobs) if (hook := twin_hook(job)) is not None}
+        arrivals = TemplateArrivals(worker, jobs, hooks)
+    first = jobs[0]
+    data = DataFile(out, f"{first.gname}{first.flavour}.onnx.data", direct=direct)
     try:
+        ahead_of = [(first.sources[n], p.numel() * p.element_size()) for n, p in first.module.named_parameters()]
+        prewrite(data, ahead_of, written, _Throttled(progress, first.gname + first.flavour))
         for i, job in enumerate(jobs):
             t0 = time.perf_counter()
-            got = worker.take(i - split, job.sources, own_trace_s) if worker is not None and i >= split else None
+            got, hooked = arrivals.get(i) if arrivals is not None else (None, False)
             if got is None:
                 model, by_graph_name = trace(job)
                 traced_s = time.perf_counter() - t0
-                own_trace_s = max(own_trace_s, traced_s)
+                traced_by = "this process"
             else:
                 model, by_graph_name, traced_s = got
                 _set_flavour(job)
+                traced_by = "early tracer" if ahead is not None else "forked tracer"
             t1 = time.perf_counter()
             name = job.gname + job.flavour
             report = _Throttled(progress, name)
             path = out / f"{name}.onnx"
+            job_data = data if i == 0 else None
             nbytes = None
             if job.stand_in is not None:
                 # One layer traced, copied to the real depth (exporting/replicate.py): minutes -> seconds.
                 ins, outs = job.module.io_names()
                 plan = _layer_plan(job.gname, job.module, ins, outs)
-                hook = twin.hook(job.gname, job.store, job.rename) if twin is not None and not job.flavour else None
+                hook = None if hooked else twin_hook(job)
                 try:
                     nbytes = finish_template(
-                        model, by_graph_name, path, job.sources, written, report, plan, hook, direct=direct
+                        model, by_graph_name, path, job.sources, written, report, plan, hook, direct, job_data
                     )
                 except ReplicationError as exc:
                     progress(f"{name}.onnx: tracing every layer ({exc})")
             if nbytes is None:
                 model, by_graph_name = trace(replace(job, stand_in=None))
-                nbytes = finish_template(model, by_graph_name, path, job.sources, written, report, direct=direct)
+                nbytes = finish_template(
+                    model, by_graph_name, path, job.sources, written, report, direct=direct, data=job_data
+                )
             origins[path.name] = {n: src.origin for n, src in by_graph_name.items() if src.origin is not None}
             graphs[name] = {
                 **graph_facts(job.gname, job.module, shape, job.flavour),
                 "data_bytes": nbytes,
                 "seconds": round(traced_s + time.perf_counter() - t1, 2),
+                "traced_by": traced_by,
             }
     finally:
+        data.close(ok=False)  # a no-op once the first graph is written
         if worker is not None:
             worker.close()
     for job in jobs:
         job.module.use_prefix_cache(False)
-        job.store.close()
+        if job.store is not None:
+            job.store.close()
     weight_sources.write(out, origins)
     return graphs
 
@@ -185,7 +240,7 @@ class _Job:
     flavour: str  # "" (static cache) or "_prefix"
     module: Any
     stand_in: Any
-    store: WeightStore
+    store: WeightStore | None  # None when planned without weights (plan_jobs)
     rename: Any
     sources: dict[str, Initializer]
     sym: dict[str, int]
@@ -287,6 +342,32 @@ def _sources(module, store: WeightStore, rename, dtype: torch.dtype, rows: int |
         where = weight_sources.origin(store.root / ref.file, ref.key, str(dtype).removeprefix("torch."), cut)
         out[name] = Initializer(name, identity, _reader(store, key, dtype, cut, tuple(param.shape)), where)
     return out
+
+
+def _store(root: Path, weights: bool) -> WeightStore | None:
+    return WeightStore.open(root) if weights else None
+
+
+def _unread(module) -> dict[str, Initializer]:
+    """Stand-ins for `module`'s weights that name them only: enough to trace, never written.
+
+    Tracing reads no weight bytes except where onnxscript's rewriter compares a constant with a
+    pattern's scalar (or short list) constant: a vector weight never matches a scalar, and a value it
+    cannot read (FileNotFoundError) fails the match the same way, so the graph comes out as with
+    the real bytes. A weight of one element could match: reading one fails the trace instead (the
+    export then traces the graph itself)."""
+
+    def unavailable(name: str, numel: int):
+        def produce():
+            if numel < 2:
+                raise RuntimeError(f"{name}: a one-element weight would be compared by value")
+            raise FileNotFoundError(f"{name}: traced without weights")
+
+        return produce
+
+    return {
+        name: Initializer(name, None, unavailable(name, param.numel())) for name, param in module.named_parameters()
+    }
 
 
 def _reader(store: WeightStore, key: str, dtype: torch.dtype, cut: int | None, shape: tuple[int, ...]):

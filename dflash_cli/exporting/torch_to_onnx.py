@@ -93,16 +93,18 @@ def finish_template(
     replicate=None,
     on_template=None,
     direct=True,
+    data=None,
 ) -> int:
     """Write `path` + `path.data` from a traced template; returns data bytes. With `replicate` (a
     replicate.LayerPlan) the template is a one-layer stand-in of the real model, and its traced layer
     is copied to the real depth first; `on_template(model, by_graph_name)` sees the one-layer graph
-    before that (it may clone it, not change it)."""
+    before that (it may clone it, not change it). `data`: the open data file (external_data.DataFile)
+    holding weights written ahead of the template."""
     if replicate is not None:
         if on_template is not None:
             on_template(model, by_graph_name)  # e.g. the validation twin, grown from the same traced layer
         grow_layers(model, replicate, sources, by_graph_name)
-    return save_streamed(model, path, by_graph_name, written, progress, direct)
+    return save_streamed(model, path, by_graph_name, written, progress, direct, data)
 
 
 def grow_layers(model, plan, sources: dict[str, Initializer], by_graph_name: dict[str, Initializer]) -> None:
@@ -130,11 +132,13 @@ def grow_layers(model, plan, sources: dict[str, Initializer], by_graph_name: dic
     replicate_layers(model, plan, weight_value)
 
 
-def save_streamed(model, path: Path, by_graph_name, written: WrittenTensors, progress=None, direct=True) -> int:
+def save_streamed(
+    model, path: Path, by_graph_name, written: WrittenTensors, progress=None, direct=True, data=None
+) -> int:
     """Stream the initializers into `path`.data, save the graph at `path`; returns data bytes."""
     import onnx_ir as ir
 
-    nbytes = write_initializers(model, path.parent, path.name + ".data", by_graph_name, written, progress, direct)
+    nbytes = write_initializers(model, path.parent, path.name + ".data", by_graph_name, written, progress, direct, data)
     ir.save(model, str(path))
     _name_seq_dims(path)
     return nbytes

@@ -65,14 +65,28 @@ def unpack(blob: bytes, sources: dict) -> tuple[Any, dict]:
 
 class TraceWorker:
     """A forked child running `trace(job)` for each of `jobs` in order; `take(i)` returns job i's
-    (model, by_graph_name, seconds), or None when the child could not deliver it."""
+    (model, by_graph_name, seconds), or None when the child could not deliver it. With `setup`
+    instead, the child calls it first for (jobs, trace): the early tracer forks before the parent
+    has imported torch, and the child builds its own jobs (early_trace.py)."""
 
-    def __init__(self, jobs: Sequence[Any], trace: Callable[[Any], tuple[Any, dict]]) -> None:
+    def __init__(
+        self,
+        jobs: Sequence[Any] = (),
+        trace: Callable[[Any], tuple[Any, dict]] | None = None,
+        *,
+        setup: Callable[[], tuple[Sequence[Any], Callable[[Any], tuple[Any, dict]]]] | None = None,
+        quiet: bool = False,
+    ) -> None:
+        import sys
         import threading
 
+        if setup is None:
+            setup = lambda: (jobs, trace)  # noqa: E731 - the child's view of the jobs given here
         ctx = multiprocessing.get_context("fork")
         self._conn, child_end = ctx.Pipe(duplex=False)
-        self._proc = ctx.Process(target=_child, args=(child_end, jobs, trace, os.getpid()), daemon=True)
+        self._proc = ctx.Process(target=_child, args=(child_end, setup, os.getpid(), quiet), daemon=True)
+        for stream in (sys.stdout, sys.stderr):  # nothing buffered here may be written twice by the child
+            stream.flush()
         self._proc.start()
         child_end.close()  # so a dead child reads as EOF here
         self._got: dict[int, tuple[bytes | None, float]] = {}
@@ -108,7 +122,10 @@ class TraceWorker:
             blob, seconds = self._got.pop(i, (None, 0.0))
         if blob is None:
             return None
-        model, by_graph_name = unpack(blob, sources)
+        try:
+            model, by_graph_name = unpack(blob, sources)
+        except KeyError:  # a weight this process does not have: not the graph it wants
+            return None
         return model, by_graph_name, seconds
 
     def close(self) -> None:
@@ -118,18 +135,25 @@ class TraceWorker:
         self._conn.close()
 
 
-def _child(conn, jobs, trace, parent: int) -> None:
+def _child(conn, setup, parent: int, quiet: bool) -> None:
     import signal
     import time
-
-    import torch
 
     # Ctrl-C reaches the whole process group: the parent handles it and ends this child (close()),
     # which would otherwise print a traceback of its own.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with(parent)
+    if quiet and os.environ.get("DFLASH_DEBUG") != "1":
+        _silence()  # whatever goes wrong here, the parent traces the graph itself and reports that
+    import torch
+
     torch.set_num_threads(1)  # the parent uses the other core
     try:
+        try:
+            jobs, trace = setup()
+        except Exception:  # noqa: BLE001 - the parent traces everything itself
+            conn.send((0, None, 0.0))
+            return
         for i, job in enumerate(jobs):
             t0 = time.perf_counter()
             try:
@@ -143,6 +167,13 @@ def _child(conn, jobs, trace, parent: int) -> None:
         return  # the parent is gone or gave up on us
     finally:
         conn.close()
+
+
+def _silence() -> None:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for fd in (1, 2):
+        os.dup2(devnull, fd)
+    os.close(devnull)
 
 
 def _die_with(parent: int) -> None:

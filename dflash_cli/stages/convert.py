@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,38 +57,22 @@ class ConvertStage:
         }
 
     def run(self, ctx: StageContext) -> dict[str, Any]:
-        recipe = ctx.recipe
-        target_dir = ckpt.resolve_checkpoint_dir(recipe.target.path, "target")
-        draft_dir = ckpt.resolve_checkpoint_dir(recipe.draft.path, "draft")
-        target_cfg = ckpt.load_config(target_dir)
-        draft_cfg = ckpt.load_config(draft_dir)
-        _check_tokenizer(target_dir)
-
-        ctx.progress(f"reading target headers from {target_dir}")
+        ctx.progress(f"reading target headers from {ckpt.resolve_checkpoint_dir(ctx.recipe.target.path, 'target')}")
+        described = describe(ctx.recipe)
+        target_dir, draft_dir, pair = described.target_dir, described.draft_dir, described.pair
         target = WeightStore.open(target_dir)
-        if EMBED_KEY not in target:
-            raise CheckpointError(
-                f"target weights have no {EMBED_KEY}", hint="point target.path at a Hugging Face causal LM checkpoint"
-            )
-        pair = resolve_pair(
-            target_cfg,
-            draft_cfg,
-            recipe,
-            int(target.shape(EMBED_KEY)[0]),
-            generation_cfg=ckpt.load_generation_config(target_dir),
-        )
         target_index = {name: (ref.file, ref.key) for name, ref in target.refs.items()}
         _complete_lm_head(target_index, pair)
         _check_target_layers(target.names(), pair)
 
         ctx.progress(f"reading draft headers from {draft_dir}")
         draft = WeightStore.open(draft_dir)
-        _check_draft_weights({n: r.shape for n, r in draft.refs.items()}, draft_weight_shapes(draft_cfg, pair))
+        expected = draft_weight_shapes(described.draft_cfg, pair)
+        _check_draft_weights({n: r.shape for n, r in draft.refs.items()}, expected)
 
         ctx.progress("linking target weights")
-        out_target = ctx.out_dir / TARGET_DIR
-        out_target.mkdir(parents=True)
-        _write_json(out_target / ckpt.CONFIG_FILE, target_cfg)
+        write_configs(ctx.out_dir, described)
+        out_target, out_draft = ctx.out_dir / TARGET_DIR, ctx.out_dir / DRAFT_DIR
         for name in (ckpt.GENERATION_CONFIG_FILE, ckpt.SHARD_INDEX_FILE, *ckpt.TOKENIZER_FILES):
             if (target_dir / name).is_file():
                 shutil.copyfile(target_dir / name, out_target / name)
@@ -95,13 +80,9 @@ class ConvertStage:
         write_index(out_target, target_index)
 
         ctx.progress("linking draft weights")
-        out_draft = ctx.out_dir / DRAFT_DIR
-        out_draft.mkdir(parents=True)
-        _write_json(out_draft / ckpt.CONFIG_FILE, _resolved_draft_config(draft_cfg, pair))
         copied += _link_files(draft_dir, draft.files(), out_draft)
         write_index(out_draft, {name: (ref.file, ref.key) for name, ref in draft.refs.items()})
 
-        (ctx.out_dir / PAIR_FILE).write_text(pair.to_json(), encoding="utf-8")
         return {
             "target_params": _numel(target, exclude={LM_HEAD_KEY} if pair.tie_word_embeddings else set()),
             "draft_params": _numel(draft, set()),
@@ -111,6 +92,49 @@ class ConvertStage:
             "target_layer_ids": list(pair.target_layer_ids),
             "mask_token_id": pair.mask_token_id,
         }
+
+
+@dataclass(frozen=True)
+class Described:
+    """What convert knows of a pair from its configs and headers alone (no weight is read)."""
+
+    target_dir: Path
+    draft_dir: Path
+    target_cfg: dict[str, Any]
+    draft_cfg: dict[str, Any]  # the draft's own config.json
+    pair: PairInfo
+
+
+def describe(recipe: Any) -> Described:
+    """The recipe's pair as convert resolves it: configs, tokenizer check and target header only."""
+    target_dir = ckpt.resolve_checkpoint_dir(recipe.target.path, "target")
+    draft_dir = ckpt.resolve_checkpoint_dir(recipe.draft.path, "draft")
+    target_cfg = ckpt.load_config(target_dir)
+    draft_cfg = ckpt.load_config(draft_dir)
+    _check_tokenizer(target_dir)
+    target = WeightStore.open(target_dir)
+    if EMBED_KEY not in target:
+        raise CheckpointError(
+            f"target weights have no {EMBED_KEY}", hint="point target.path at a Hugging Face causal LM checkpoint"
+        )
+    pair = resolve_pair(
+        target_cfg,
+        draft_cfg,
+        recipe,
+        int(target.shape(EMBED_KEY)[0]),
+        generation_cfg=ckpt.load_generation_config(target_dir),
+    )
+    return Described(target_dir, draft_dir, target_cfg, draft_cfg, pair)
+
+
+def write_configs(out_dir: Path, described: Described) -> None:
+    """The artifact's config files and pair.json: what later stages build their modules from. The
+    export's early tracer (exporting/early_trace.py) writes the same files to trace ahead of convert."""
+    for sub in (TARGET_DIR, DRAFT_DIR):
+        (out_dir / sub).mkdir(parents=True, exist_ok=True)
+    _write_json(out_dir / TARGET_DIR / ckpt.CONFIG_FILE, described.target_cfg)
+    _write_json(out_dir / DRAFT_DIR / ckpt.CONFIG_FILE, _resolved_draft_config(described.draft_cfg, described.pair))
+    (out_dir / PAIR_FILE).write_text(described.pair.to_json(), encoding="utf-8")
 
 
 def _check_tokenizer(target_dir: Path) -> None:

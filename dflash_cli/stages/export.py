@@ -53,6 +53,12 @@ class ExportStage:
             "validate": e.validate_outputs,
         }
 
+    def start_early(self, recipe: Any):
+        """Trace the graphs while convert and inject run (exporting/early_trace.py)."""
+        from dflash_cli.exporting.early_trace import EarlyTrace
+
+        return EarlyTrace.start(recipe)
+
     def run(self, ctx: StageContext) -> dict[str, Any]:
         # The build thread streams the weights in ~8 MB blocks, dropping the GIL for every conversion,
         # write and hash hand-off, while the validation and template-receiving threads run Python. Each
@@ -111,6 +117,7 @@ class ExportStage:
                     twin=twin.graphs if twin is not None else None,
                     # Full validation reads the graphs right back: keep them in the page cache then.
                     direct=twin is not None or not e.validate_outputs,
+                    early=ctx.early,
                 )
             else:
                 graphs = _export_torchscript(src, out, shape, e, ctx.progress)
