@@ -6,7 +6,17 @@
 #   bash benchmarks/genai_builder_compare.sh [PAIR_ROOT] [REPEAT]
 #   (PAIR_ROOT defaults to /work/pairs/qwen3-0.6b, made by benchmarks/random_pairs.py; WARMUP=1 runs
 #   one uncounted round of each first: the first round after other work pays cold caches; SYNC=1 flushes
-#   the previous run's dirty pages before each timed run)
+#   the previous run's dirty pages before each timed run; IDLE=S waits S seconds between removing a
+#   tool's previous output and its next run)
+#
+# Each tool's previous output is removed right before its own run, the same way for both. It matters
+# on VMs that hand freed memory back to their host (free page reporting, as here): pages freed a
+# moment ago are reused cheaply, pages freed seconds ago must be faulted in from the host again. This
+# script used to remove both outputs before the builder's run, so the builder reused ~5.7 GB of just-
+# freed page cache while `dflash build` started after a sync, on returned pages: measured one after
+# the other, the builder took 8.9-10.6 s right after a removal and 13.2-13.9 s after 15 s idle
+# (system time 3.1-4.4 s against 7.2-7.5 s); `dflash build` 15.0-15.2 s against 17.9-19.4 s
+# (benchmarks/results/scale/genai-builder-compare.txt). IDLE=15 gives both the slow case.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PAIR=${1:-/work/pairs/qwen3-0.6b}
@@ -32,9 +42,6 @@ EOF
 
 measure() {  # label, command...
   local label=$1; shift
-  # SYNC=1: flush the previous run's written files to disk first (untimed), so neither tool's run pays
-  # for the other's writeback of 2-3 GB (neither tool fsyncs its output).
-  [ "${SYNC:-0}" = 1 ] && sync
   /usr/bin/time -v "$@" > "$WORK/$label.out" 2> "$WORK/$label.err" || { tail -20 "$WORK/$label.err"; exit 1; }
   local wall rss
   wall=$(grep "Elapsed (wall clock)" "$WORK/$label.err" | awk '{print $NF}')
@@ -43,16 +50,27 @@ measure() {  # label, command...
 }
 
 : > "$WORK/results.txt"
+fresh() {  # remove a tool's previous output right before its next run (see above)
+  # SYNC=1: first flush the previous run's written files to disk (untimed), so neither tool's run pays
+  # for the other's writeback of 2-3 GB (neither tool fsyncs its output).
+  [ "${SYNC:-0}" = 1 ] && sync
+  rm -rf "$@"
+  [ -n "${IDLE:-}" ] && sleep "$IDLE"
+  return 0
+}
+
 for i in $(seq 1 "${WARMUP:-0}"); do
-  rm -rf "$WORK/genai-out" "$WORK/genai-cache" "$WORK/dflash-cache"
+  fresh "$WORK/genai-out" "$WORK/genai-cache"
   "$VENV/bin/python" -m onnxruntime_genai.models.builder -i "$PAIR/target" -o "$WORK/genai-out" -p fp32 -e cpu \
     -c "$WORK/genai-cache" > /dev/null 2>&1
+  fresh "$WORK/dflash-cache"
   .venv/bin/dflash build --recipe "$WORK/recipe.yaml" --cache-dir "$WORK/dflash-cache" --json > /dev/null 2>&1
 done
 for i in $(seq 1 "$REPEAT"); do
-  rm -rf "$WORK/genai-out" "$WORK/genai-cache" "$WORK/dflash-cache"
+  fresh "$WORK/genai-out" "$WORK/genai-cache"
   measure "genai-fp32-$i" "$VENV/bin/python" -m onnxruntime_genai.models.builder \
     -i "$PAIR/target" -o "$WORK/genai-out" -p fp32 -e cpu -c "$WORK/genai-cache"
+  fresh "$WORK/dflash-cache"
   measure "dflash-build-fp32-$i" .venv/bin/dflash build --recipe "$WORK/recipe.yaml" --cache-dir "$WORK/dflash-cache" --json
 done
 rm -rf "$WORK/genai-out" "$WORK/genai-cache" "$WORK/dflash-cache"

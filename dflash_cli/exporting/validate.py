@@ -64,6 +64,7 @@ def _session(onnx_path: Path):
 
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")  # it runs beside the export's work
     apply_thread_pool(opts)
     return ort.InferenceSession(str(onnx_path), sess_options=opts, providers=["CPUExecutionProvider"])
 
