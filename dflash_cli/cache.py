@@ -72,9 +72,10 @@ class HashingWriter:
     large buffers), so the 2-3 GB an export writes are stored and hashed while the next tensor is read
     and converted, and not read back and hashed at publish. The file is a DirectFile (O_DIRECT with
     DFLASH_DIRECT_IO=1 unless `direct=False`). A write error (a full disk) is raised by the next
-    `write` or by `close`. Buffers handed to `write` must not change afterwards."""
+    `write` or by `close`. Buffers handed to `write` must not change afterwards. `digest=False`: a
+    file that is never published (the validation twin's) is only written."""
 
-    def __init__(self, path: Path, depth: int = 2, direct: bool = True) -> None:
+    def __init__(self, path: Path, depth: int = 2, direct: bool = True, digest: bool = True) -> None:
         import queue
         import threading
 
@@ -82,13 +83,14 @@ class HashingWriter:
 
         self.path = path
         self._file = DirectFile(path, direct=direct)
-        self._digest = hashlib.sha256()
+        self._digest = hashlib.sha256() if digest else None
         self._error: BaseException | None = None
+        consumers = [self._file.write] + ([self._digest.update] if self._digest is not None else [])
         # Each queue bounds the blocks held for its thread.
-        self._queues = (queue.Queue(maxsize=depth), queue.Queue(maxsize=depth))
-        self._threads = (
-            threading.Thread(target=self._drain, args=(self._queues[0], self._digest.update), daemon=True),
-            threading.Thread(target=self._drain, args=(self._queues[1], self._file.write), daemon=True),
+        self._queues = tuple(queue.Queue(maxsize=depth) for _ in consumers)
+        self._threads = tuple(
+            threading.Thread(target=self._drain, args=(blocks, consume), daemon=True)
+            for blocks, consume in zip(self._queues, consumers, strict=True)
         )
         for thread in self._threads:
             thread.start()
@@ -118,7 +120,7 @@ class HashingWriter:
             self._error = self._error or exc
         if self._error is not None and ok:
             raise self._error
-        if ok:
+        if ok and self._digest is not None:
             st = self.path.stat()
             _FRESH_DIGESTS[(st.st_ino, st.st_size, st.st_mtime_ns)] = self._digest.hexdigest()
 

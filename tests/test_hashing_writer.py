@@ -22,6 +22,16 @@ def test_digest_equals_reading_the_file_back(tmp_path):
     assert cache_mod._FRESH_DIGESTS[(st.st_ino, st.st_size, st.st_mtime_ns)] == sha256_file(path)
 
 
+def test_without_digest_the_bytes_are_written_and_nothing_is_recorded(tmp_path):
+    path = tmp_path / "twin.data"
+    before = dict(cache_mod._FRESH_DIGESTS)
+    with HashingWriter(path, digest=False) as f:
+        f.write(b"abc")
+        f.write(memoryview(np.arange(5, dtype=np.float32)).cast("B"))
+    assert path.read_bytes() == b"abc" + np.arange(5, dtype=np.float32).tobytes()
+    assert cache_mod._FRESH_DIGESTS == before
+
+
 def test_publish_uses_the_fresh_digest_and_ignores_it_once_the_file_changed(tmp_path):
     cache = Cache(tmp_path / "cache")
     with cache.staging("export", "k1") as tmp:

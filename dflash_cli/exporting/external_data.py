@@ -41,11 +41,11 @@ class DataFile:
     """One graph's external data file, appended to tensor by tensor and hashed on the way out
     (cache.HashingWriter); large tensors start on an ALIGNMENT boundary."""
 
-    def __init__(self, out_dir: Path, name: str, direct: bool = True) -> None:
+    def __init__(self, out_dir: Path, name: str, direct: bool = True, digest: bool = True) -> None:
         from dflash_cli.cache import HashingWriter
 
         self.name, self.offset = name, 0
-        self._file: HashingWriter | None = HashingWriter(out_dir / name, direct=direct)
+        self._file: HashingWriter | None = HashingWriter(out_dir / name, direct=direct, digest=digest)
 
     def append(self, blocks: Iterable, nbytes: int, what: str) -> tuple[str, int, int]:
         """Write `blocks` (bytes or numpy blocks, `nbytes` in all); returns (file name, offset, length)."""
@@ -95,18 +95,20 @@ def write_initializers(
     progress: Callable[[int, int, int], None] | None = None,
     direct: bool = True,
     data: DataFile | None = None,
+    digest: bool = True,
 ) -> int:
     """Stream every initializer of `model` (onnx_ir) into out_dir/data_name; returns bytes written.
 
     `sources` gives the producer for initializers whose value is not in the graph (weights traced on
     the meta device); other initializers are written from their own value. `direct=False` keeps the
     file in the page cache (read back soon); see dflash_cli/direct_file.py. `data`: that file, already
-    opened (and `prewrite` into); it is closed here either way.
+    opened (and `prewrite` into); it is closed here either way. `digest=False`: not hashed (never
+    published).
     """
     import onnx_ir as ir
 
     inits = list(model.graph.initializers.values())
-    data = data if data is not None else DataFile(out_dir, data_name, direct=direct)
+    data = data if data is not None else DataFile(out_dir, data_name, direct=direct, digest=digest)
     ok = False
     try:
         for i, value in enumerate(inits):

@@ -84,7 +84,7 @@ class TwinGraphs:
                 v.shape = ir.Shape([*list(v.shape)[:-1], plan.rows])
         grow_layers(twin, _layer_plan(gname, module, ins, outs), sources, by_graph_name)
         # validation reads the twin right back: through the page cache
-        save_streamed(twin, self.where / f"{gname}.onnx", by_graph_name, self.written, direct=False)
+        save_streamed(twin, self.where / f"{gname}.onnx", by_graph_name, self.written, direct=False, digest=False)
         self.made.add(gname)
         if self.on_made is not None:
             self.on_made(gname)
