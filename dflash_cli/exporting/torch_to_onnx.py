@@ -133,12 +133,15 @@ def grow_layers(model, plan, sources: dict[str, Initializer], by_graph_name: dic
 
 
 def save_streamed(
-    model, path: Path, by_graph_name, written: WrittenTensors, progress=None, direct=True, data=None
+    model, path: Path, by_graph_name, written: WrittenTensors, progress=None, direct=True, data=None, digest=True
 ) -> int:
-    """Stream the initializers into `path`.data, save the graph at `path`; returns data bytes."""
+    """Stream the initializers into `path`.data, save the graph at `path`; returns data bytes.
+    `digest=False`: the data file is not hashed for the cache (a file that is never published)."""
     import onnx_ir as ir
 
-    nbytes = write_initializers(model, path.parent, path.name + ".data", by_graph_name, written, progress, direct, data)
+    nbytes = write_initializers(
+        model, path.parent, path.name + ".data", by_graph_name, written, progress, direct, data, digest
+    )
     ir.save(model, str(path))
     _name_seq_dims(path)
     return nbytes
