@@ -78,3 +78,36 @@ def test_a_check_that_breaks_in_the_background_fails_the_build(
     recipe = load_recipe(str(tmp_path / "recipe.yaml"))
     with pytest.raises(CacheError, match="not built"):  # nothing half-made was published
         artifact_paths(recipe, Cache(tmp_path / "cache"), ["export"])
+
+
+def test_twin_graphs_are_checked_one_at_a_time(tiny_qwen3_pair: TinyPair, tmp_path: Path, twin_mode, monkeypatch):
+    """Each graph's checks hold a twin's modules and a session: two at once doubled that memory."""
+    import time
+
+    real_checks, real_start = twin_mode.graph_checks, twin_mode.TwinExport._start
+    draft_made = threading.Event()
+    running, most = [0], [0]
+    guard = threading.Lock()
+
+    def start(self, gname):
+        real_start(self, gname)
+        if gname == "draft":
+            draft_made.set()
+
+    def checks(gname, *args, **kwargs):
+        with guard:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        try:
+            if gname == "target":  # still running when the draft's checks could start
+                draft_made.wait(60)
+                time.sleep(0.5)  # time for them to start, were they allowed to
+            return real_checks(gname, *args, **kwargs)
+        finally:
+            with guard:
+                running[0] -= 1
+
+    monkeypatch.setattr(twin_mode, "graph_checks", checks)
+    monkeypatch.setattr(twin_mode.TwinExport, "_start", start)
+    build_recipe(tiny_qwen3_pair, tmp_path)
+    assert draft_made.is_set() and most[0] == 1

@@ -179,7 +179,7 @@ def _export_jobs(
     data = DataFile(out, f"{first.gname}{first.flavour}.onnx.data", direct=direct)
     try:
         ahead_of = [(first.sources[n], p.numel() * p.element_size()) for n, p in first.module.named_parameters()]
-        prewrite(data, ahead_of, written, _Throttled(progress, first.gname + first.flavour))
+        prewrite(data, ahead_of, written, _Throttled(progress, first.gname + first.flavour, what="weight"))
         for i, job in enumerate(jobs):
             t0 = time.perf_counter()
             got, hooked = arrivals.get(i) if arrivals is not None else (None, False)
@@ -418,14 +418,14 @@ def _example_inputs(gname: str, module, shape: PairShape, dtype: torch.dtype, pr
 
 
 class _Throttled:
-    """Progress lines at most every few seconds: tensor k of n and bytes written."""
+    """Progress lines at most every few seconds: tensor k of n (`what`) and bytes written."""
 
-    def __init__(self, progress: Callable[[str], None], gname: str, every_s: float = 3.0) -> None:
-        self.progress, self.gname, self.every_s = progress, gname, every_s
+    def __init__(self, progress: Callable[[str], None], gname: str, every_s: float = 3.0, what: str = "tensor") -> None:
+        self.progress, self.gname, self.every_s, self.what = progress, gname, every_s, what
         self.last = 0.0
 
     def __call__(self, done: int, total: int, nbytes: int) -> None:
         now = time.monotonic()
         if done == total or now - self.last >= self.every_s:
             self.last = now
-            self.progress(f"{self.gname}.onnx: tensor {done}/{total}, {nbytes / 1e9:.2f} GB written")
+            self.progress(f"{self.gname}.onnx: {self.what} {done}/{total}, {nbytes / 1e9:.2f} GB written")
