@@ -160,38 +160,34 @@ def build(
     cache.ensure_writable()
     result = BuildResult(recipe=recipe.name)
     paths: dict[str, Path] = {}
-    early = _start_early(planned, recipe, cache, [force or i >= first_rebuild for i in range(len(planned))])
+    must_build = [force or index >= first_rebuild for index in range(len(planned))]
+    early = _start_early(planned, recipe, cache, must_build)
     try:
-        _run_stages(planned, recipe, cache, paths, emit, force, first_rebuild, result, early)
+        for index, item in enumerate(planned):
+            events = _Emitter(emit, item.stage.name, index, len(planned))
+            events("start")
+            t0 = time.perf_counter()
+            status, path = _build_one(item, recipe, cache, paths, events, must_build=must_build[index], early=early)
+            paths[item.stage.name] = path
+            entry = cache.entry(item.stage.name, item.key)
+            if status == "built":
+                release_memory()
+            stage_result = StageResult(
+                item.stage.name,
+                status,
+                item.key,
+                time.perf_counter() - t0,
+                path,
+                entry.size if entry else 0,
+                peak_rss_bytes(),
+                entry.new_bytes if entry else 0,
+            )
+            result.stages.append(stage_result)
+            events("done", status, stage_result)
     finally:
         for handle in early.values():
             handle.close()
     return result
-
-
-def _run_stages(planned, recipe, cache, paths, emit, force, first_rebuild, result, early) -> None:
-    for index, item in enumerate(planned):
-        events = _Emitter(emit, item.stage.name, index, len(planned))
-        events("start")
-        t0 = time.perf_counter()
-        must_build = force or index >= first_rebuild
-        status, path = _build_one(item, recipe, cache, paths, events, must_build=must_build, early=early)
-        paths[item.stage.name] = path
-        entry = cache.entry(item.stage.name, item.key)
-        if status == "built":
-            release_memory()
-        stage_result = StageResult(
-            item.stage.name,
-            status,
-            item.key,
-            time.perf_counter() - t0,
-            path,
-            entry.size if entry else 0,
-            peak_rss_bytes(),
-            entry.new_bytes if entry else 0,
-        )
-        result.stages.append(stage_result)
-        events("done", status, stage_result)
 
 
 def _start_early(planned: list[PlannedStage], recipe: Any, cache: Cache, must_build: list[bool]) -> dict[str, Any]:

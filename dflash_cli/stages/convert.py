@@ -60,7 +60,7 @@ class ConvertStage:
         ctx.progress(f"reading target headers from {ckpt.resolve_checkpoint_dir(ctx.recipe.target.path, 'target')}")
         described = describe(ctx.recipe)
         target_dir, draft_dir, pair = described.target_dir, described.draft_dir, described.pair
-        target = WeightStore.open(target_dir)
+        target = described.target
         target_index = {name: (ref.file, ref.key) for name, ref in target.refs.items()}
         _complete_lm_head(target_index, pair)
         _check_target_layers(target.names(), pair)
@@ -103,6 +103,7 @@ class Described:
     target_cfg: dict[str, Any]
     draft_cfg: dict[str, Any]  # the draft's own config.json
     pair: PairInfo
+    target: WeightStore  # the target checkpoint's tensors, by their headers
 
 
 def describe(recipe: Any) -> Described:
@@ -124,7 +125,7 @@ def describe(recipe: Any) -> Described:
         int(target.shape(EMBED_KEY)[0]),
         generation_cfg=ckpt.load_generation_config(target_dir),
     )
-    return Described(target_dir, draft_dir, target_cfg, draft_cfg, pair)
+    return Described(target_dir, draft_dir, target_cfg, draft_cfg, pair, target)
 
 
 def write_configs(out_dir: Path, described: Described) -> None:
