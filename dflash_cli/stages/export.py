@@ -65,7 +65,7 @@ class ExportStage:
         # time it wants the GIL back it may wait a whole switch interval (5 ms by default). Measured on the
         # 0.6B-shaped pair, whole builds alternating with 5 ms: medians 16.8 vs 17.5 s (4 rounds), then
         # 20.5 vs 20.7 s, export stage 17.3 vs 17.9 s (5 rounds, benchmarks/build_ab.sh, a slower VM phase).
-        # One torch thread (and no spinning ONNX Runtime pool in validation.py): the other core traces,
+        # One torch thread (and no spinning ONNX Runtime pool in exporting/validate.py): the other core traces,
         # writes and hashes; a second OpenMP thread mostly spun waiting between the ~8 MB conversions
         # (~1 s of a 0.6B build's CPU in libgomp). Alternating builds: 14.9 vs 16.8 s (medians of 4,
         # benchmarks/results/scale/export-threads-s10.txt).
