@@ -21,8 +21,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-PAIR_FILE = "pair.json"
-CONFIGS = ("target/config.json", "draft/config.json")
+from dflash_cli.checkpoints import CONFIG_FILE
+from dflash_cli.pair import PAIR_FILE
+from dflash_cli.stages.convert import DRAFT_DIR, TARGET_DIR, describe, write_configs
+
+CONFIGS = (f"{TARGET_DIR}/{CONFIG_FILE}", f"{DRAFT_DIR}/{CONFIG_FILE}")
 UNTRACED_PAIR_FIELDS = ("fc_scale",)  # set by inject; scales weights, not the graph
 
 
@@ -40,8 +43,6 @@ class EarlyTrace:
         e = recipe.export
         if e.exporter != "dynamo" or not trace_worker.usable():
             return None
-        from dflash_cli.stages.convert import describe, write_configs
-
         described = describe(recipe)  # an unusable pair raises here; convert reports it properly
         pair = described.pair
         B, P, C = pair.block_size, e.prefill_seq_len, e.ctx_len
