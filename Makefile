@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint format demo demo-models bench-demo verify-cost
+.PHONY: install test test-fast lint format demo demo-models bench-demo verify-cost
 
 install: $(STAMP)
 
@@ -17,6 +17,10 @@ $(STAMP): pyproject.toml
 
 test: install
 	$(VENV)/bin/python -m pytest -q
+
+# The edit loop: everything but the tests marked slow (pair exports and builds). CI runs `make test`.
+test-fast: install
+	$(VENV)/bin/python -m pytest -q -m "not slow and not qaic"
 
 lint: install
 	$(VENV)/bin/ruff check .

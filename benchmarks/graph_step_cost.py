@@ -71,7 +71,7 @@ def main() -> None:
     ap.add_argument("--as-run", action="store_true", help="shared spinning pool, padding as built, rotating order")
     args = ap.parse_args()
     if args.as_run:
-        from dflash_cli.backends.ort import use_shared_thread_pool
+        from dflash_cli.ort_threads import use_shared_thread_pool
 
         use_shared_thread_pool(0)
     variants = {}

@@ -101,7 +101,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=40)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
-    from dflash_cli.backends.ort import use_shared_thread_pool
+    from dflash_cli.ort_threads import use_shared_thread_pool
 
     use_shared_thread_pool(0)
     cfg = json.loads((args.target / "config.json").read_text())

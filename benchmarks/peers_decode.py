@@ -153,11 +153,11 @@ def main() -> None:
     ap.add_argument("--dflash-blocks", default="32", help="int8/int4 block sizes, one dflash build each")
     ap.add_argument("--dflash-spinning", default="off,on", help="dflash plain rows: spinning off, on or both")
     args = ap.parse_args()
-    import dflash_cli.backends.ort as ort_backend
+    import dflash_cli.ort_threads as ort_threads
 
     # GenAI runs ONNX Runtime sessions in this process too, and a process-wide shared pool would be forced
     # on them; dflash's rows here are one target session each, spinning off / on, with pools of their own.
-    ort_backend.SHARED_POOL_ALLOWED = False
+    ort_threads.SHARED_POOL_ALLOWED = False
     import onnxruntime_genai as og
 
     from dflash_cli.readiness.fp16_bands import corpus_tokens

@@ -26,6 +26,7 @@ from typing import Any
 from filelock import FileLock, Timeout
 
 from dflash_cli.errors import CacheError
+from dflash_cli.hashing import sha256_file, take_fresh_digest
 
 
 class CorruptArtifactError(CacheError):
@@ -51,84 +52,6 @@ def compute_key(payload: dict[str, Any]) -> str:
     """sha256 of canonical JSON: sorted keys and fixed separators make it independent of dict order."""
     canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=str)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-# sha256 of files this process wrote and hashed on the way out (HashingWriter), by (inode, size,
-# mtime_ns): publish() takes them instead of reading the bytes again. A file changed since has
-# another mtime or size, so a stale entry is never used.
-_FRESH_DIGESTS: dict[tuple[int, int, int], str] = {}
-
-
-class HashingWriter:
-    """A binary file written and sha256-hashed by two background threads (both release the GIL on
-    large buffers), so the 2-3 GB an export writes are stored and hashed while the next tensor is read
-    and converted, and not read back and hashed at publish. The file is a DirectFile (O_DIRECT with
-    DFLASH_DIRECT_IO=1 unless `direct=False`). A write error (a full disk) is raised by the next
-    `write` or by `close`. Buffers handed to `write` must not change afterwards. `digest=False`: a
-    file that is never published (the validation twin's) is only written."""
-
-    def __init__(self, path: Path, depth: int = 2, direct: bool = True, digest: bool = True) -> None:
-        import queue
-        import threading
-
-        from dflash_cli.direct_file import DirectFile
-
-        self.path = path
-        self._file = DirectFile(path, direct=direct)
-        self._digest = hashlib.sha256() if digest else None
-        self._error: BaseException | None = None
-        consumers = [self._file.write] + ([self._digest.update] if self._digest is not None else [])
-        # Each queue bounds the blocks held for its thread.
-        self._queues = tuple(queue.Queue(maxsize=depth) for _ in consumers)
-        self._threads = tuple(
-            threading.Thread(target=self._drain, args=(blocks, consume), daemon=True)
-            for blocks, consume in zip(self._queues, consumers, strict=True)
-        )
-        for thread in self._threads:
-            thread.start()
-
-    def _drain(self, blocks, consume) -> None:
-        while (block := blocks.get()) is not None:
-            if self._error is None:
-                try:
-                    consume(block)
-                except BaseException as exc:  # noqa: BLE001 - handed to the writing thread
-                    self._error = exc  # keep draining: `write` must never block on a dead consumer
-
-    def write(self, block) -> None:
-        if self._error is not None:
-            raise self._error
-        for blocks in self._queues:
-            blocks.put(block)
-
-    def close(self, ok: bool = True) -> None:
-        for blocks in self._queues:
-            blocks.put(None)
-        for thread in self._threads:
-            thread.join()
-        try:
-            self._file.close()
-        except OSError as exc:
-            self._error = self._error or exc
-        if self._error is not None and ok:
-            raise self._error
-        if ok and self._digest is not None:
-            st = self.path.stat()
-            _FRESH_DIGESTS[(st.st_ino, st.st_size, st.st_mtime_ns)] = self._digest.hexdigest()
-
-    def __enter__(self) -> HashingWriter:
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        self.close(ok=exc_type is None)
 
 
 _AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -353,7 +276,7 @@ class Cache:
             rel = file.relative_to(tmp).as_posix()
             st = file.stat()
             ident = (st.st_ino, st.st_size, st.st_mtime_ns)
-            digest = (known or {}).get(ident) or _FRESH_DIGESTS.pop(ident, None) or sha256_file(file)
+            digest = (known or {}).get(ident) or take_fresh_digest(ident) or sha256_file(file)
             outputs.append(
                 {
                     "path": rel,

@@ -160,54 +160,28 @@ def build(
     cache.ensure_writable()
     result = BuildResult(recipe=recipe.name)
     paths: dict[str, Path] = {}
-    must_build = [force or index >= first_rebuild for index in range(len(planned))]
-    early = _start_early(planned, recipe, cache, must_build)
-    try:
-        for index, item in enumerate(planned):
-            events = _Emitter(emit, item.stage.name, index, len(planned))
-            events("start")
-            t0 = time.perf_counter()
-            status, path = _build_one(item, recipe, cache, paths, events, must_build=must_build[index], early=early)
-            paths[item.stage.name] = path
-            entry = cache.entry(item.stage.name, item.key)
-            if status == "built":
-                release_memory()
-            stage_result = StageResult(
-                item.stage.name,
-                status,
-                item.key,
-                time.perf_counter() - t0,
-                path,
-                entry.size if entry else 0,
-                peak_rss_bytes(),
-                entry.new_bytes if entry else 0,
-            )
-            result.stages.append(stage_result)
-            events("done", status, stage_result)
-    finally:
-        for handle in early.values():
-            handle.close()
+    for index, item in enumerate(planned):
+        events = _Emitter(emit, item.stage.name, index, len(planned))
+        events("start")
+        t0 = time.perf_counter()
+        status, path = _build_one(item, recipe, cache, paths, events, must_build=force or index >= first_rebuild)
+        paths[item.stage.name] = path
+        entry = cache.entry(item.stage.name, item.key)
+        if status == "built":
+            release_memory()
+        stage_result = StageResult(
+            item.stage.name,
+            status,
+            item.key,
+            time.perf_counter() - t0,
+            path,
+            entry.size if entry else 0,
+            peak_rss_bytes(),
+            entry.new_bytes if entry else 0,
+        )
+        result.stages.append(stage_result)
+        events("done", status, stage_result)
     return result
-
-
-def _start_early(planned: list[PlannedStage], recipe: Any, cache: Cache, must_build: list[bool]) -> dict[str, Any]:
-    """Each stage's `start_early` handle, for stages this build will run (Stage protocol, stages/base.py).
-    Best effort: a failure only means the stage does all its work when its turn comes (where a real
-    problem, a bad checkpoint say, is reported by the stage that owns it)."""
-    handles: dict[str, Any] = {}
-    for item, must in zip(planned, must_build, strict=True):
-        start = getattr(item.stage, "start_early", None)
-        if start is None:
-            continue
-        try:
-            if not must and cache.lookup(item.stage.name, item.key) is not None:
-                continue
-            handle = start(recipe)
-        except Exception:  # noqa: BLE001 - see above
-            continue
-        if handle is not None:
-            handles[item.stage.name] = handle
-    return handles
 
 
 def artifact_path(recipe: Any, cache: Cache, stage: str, stages: Sequence[Stage] | None = None) -> Path:
@@ -276,7 +250,6 @@ def _build_one(
     events: _Emitter,
     *,
     must_build: bool,
-    early: dict[str, Any] | None = None,
 ) -> tuple[Literal["built", "cached"], Path]:
     name, key = item.stage.name, item.key
     path = None if must_build else _lookup(recipe, cache, name, key)
@@ -297,7 +270,6 @@ def _build_one(
                     out_dir=tmp,
                     inputs=inputs,
                     progress=lambda m: events("message", m),
-                    early=(early or {}).get(name),
                 )
                 t0 = time.perf_counter()
                 facts = item.stage.run(ctx) or {}
@@ -334,11 +306,6 @@ def release_memory() -> None:
     import gc
 
     gc.collect()
-    # What survives a stage is mostly imported modules (torch, onnx, transformers: millions of objects);
-    # moved out of the cyclic collector's view, the next stage's automatic full collections scan only
-    # what that stage creates (~2 s of a 0.6B build went to rescanning them). Reference counting still
-    # frees every object that becomes unused.
-    gc.freeze()
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: nothing to trim

@@ -20,6 +20,7 @@ from dflash_cli.errors import RecipeError
 
 DEFAULT_RECIPE = "demo"
 RECIPE_SUFFIXES = (".yaml", ".yml")
+MIN_BLOCK = 2  # one last-committed token plus at least one mask
 
 
 class _Section(BaseModel):
@@ -33,7 +34,7 @@ class CheckpointRef(_Section):
 
 class DFlashConfig(_Section):
     # None means "take it from the draft checkpoint's config".
-    block_size: int | None = Field(default=None, ge=2)  # one last-committed token plus >= 1 mask
+    block_size: int | None = Field(default=None, ge=MIN_BLOCK)
     target_layer_ids: list[int] | None = None
     mask_token_id: int | None = Field(default=None, ge=0)
 
@@ -156,6 +157,24 @@ class ServeConfig(_Section):
     queue_size: int = Field(default=8, ge=0)  # requests that may wait while one is decoded; more get 503
 
 
+def export_shape_problems(block: int | None, prefill: int, ctx_len: int) -> list[str]:
+    """The graphs' shape rule: a prefill chunk is whole blocks, and the cache holds a prefill chunk plus
+    two blocks (a verify and the draft's block after it). `block` None: the smallest block there is."""
+    problems = []
+    if block is not None and prefill % block:
+        problems.append(
+            f"export.prefill_seq_len ({prefill}) must be a multiple of the block size ({block}): "
+            f"e.g. --set export.prefill_seq_len={max(block, prefill // block * block)}"
+        )
+    room = prefill + 2 * (block or MIN_BLOCK)
+    if ctx_len < room:
+        problems.append(
+            f"export.ctx_len ({ctx_len}) is too small for prefill {prefill} and block {block or MIN_BLOCK}: "
+            f"at least {room}, e.g. --set export.ctx_len={room + 64}"
+        )
+    return problems
+
+
 class Recipe(_Section):
     name: str = Field(min_length=1)
     family: Literal["qwen3", "llama"]
@@ -172,19 +191,9 @@ class Recipe(_Section):
 
     @model_validator(mode="after")
     def _cross_field(self) -> Recipe:
-        # Runs only once every section is valid; checks that span sections name both fields.
-        problems = []
-        block = self.dflash.block_size
-        if block is not None and self.export.prefill_seq_len % block:
-            problems.append(
-                f"export.prefill_seq_len ({self.export.prefill_seq_len}) must be a multiple of "
-                f"dflash.block_size ({block})"
-            )
-        if self.export.prefill_seq_len > self.export.ctx_len:
-            problems.append(
-                f"export.prefill_seq_len ({self.export.prefill_seq_len}) must not exceed "
-                f"export.ctx_len ({self.export.ctx_len})"
-            )
+        # Runs only once every section is valid. The draft's block size, when the recipe leaves it to
+        # the checkpoint, is checked against the same rule by the export stage.
+        problems = export_shape_problems(self.dflash.block_size, self.export.prefill_seq_len, self.export.ctx_len)
         if problems:
             raise ValueError("; ".join(problems))
         return self

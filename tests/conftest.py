@@ -13,13 +13,13 @@ _ROOT = str(Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-import dflash_cli.backends.ort as _ort_backend  # noqa: E402
+import dflash_cli.ort_threads as _ort_threads  # noqa: E402
 from tests.fixtures.tiny_pairs import TinyPair, make_pair  # noqa: E402
 
 # Tests open ONNX Runtime sessions of their own (per-session pools), which ONNX Runtime refuses once a
 # process has the shared pool: engines here keep a pool per session; tests/test_shared_thread_pool.py
 # runs the shared pool in a process of its own.
-_ort_backend.SHARED_POOL_ALLOWED = False
+_ort_threads.SHARED_POOL_ALLOWED = False
 
 
 @pytest.fixture(scope="session")
@@ -55,3 +55,13 @@ def qwen3_last_layer_engine(tiny_qwen3_pair: TinyPair, tmp_path_factory: pytest.
     from tests.engines import open_engine
 
     return open_engine(tiny_qwen3_pair, tmp_path_factory.mktemp("qwen3_last"), dflash={"target_layer_ids": [0, 3]})
+
+
+@pytest.fixture(scope="session")
+def shared_exports(tiny_qwen3_pair: TinyPair, tiny_llama_pair: TinyPair, tmp_path_factory: pytest.TempPathFactory):
+    """The tiny pairs' exports the export tests compare, each built once per run (tests/exports.py)."""
+    from tests.exports import SharedExports
+
+    return SharedExports(
+        tmp_path_factory.mktemp("shared_exports"), {"qwen3": tiny_qwen3_pair, "llama": tiny_llama_pair}
+    )

@@ -7,6 +7,8 @@ import json
 import pytest
 from safetensors import safe_open
 
+pytestmark = pytest.mark.slow  # builds or exports pairs: left out of `make test-fast`
+
 
 def test_target_and_draft_training_loops(tmp_path):
     from transformers import AutoModelForCausalLM

@@ -3,12 +3,16 @@ only while the file is unchanged."""
 
 from __future__ import annotations
 
+import errno
 import os
+from pathlib import Path
 
 import numpy as np
+import pytest
 
-from dflash_cli import cache as cache_mod
-from dflash_cli.cache import Cache, HashingWriter, sha256_file
+from dflash_cli import hashing as cache_mod
+from dflash_cli.cache import Cache
+from dflash_cli.hashing import HashingWriter, sha256_file
 
 
 def test_digest_equals_reading_the_file_back(tmp_path):
@@ -64,4 +68,21 @@ def test_a_failed_write_records_no_digest(tmp_path):
             raise RuntimeError("killed")
     except RuntimeError:
         pass
+    assert cache_mod._FRESH_DIGESTS == before
+
+
+def test_a_full_disk_is_raised_and_records_no_digest(tmp_path, monkeypatch):
+    class FullDisk:
+        def write(self, block):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(Path, "open", lambda self, mode="r", *a, **k: FullDisk())
+    before = dict(cache_mod._FRESH_DIGESTS)
+    with pytest.raises(OSError, match="No space"):
+        with HashingWriter(tmp_path / "w.data") as f:
+            for _ in range(50):  # more blocks than the queues hold: write must not block on a dead writer
+                f.write(b"x" * 4096)
     assert cache_mod._FRESH_DIGESTS == before

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from pathlib import Path
 
 import onnx
 import pytest
@@ -12,8 +11,8 @@ import torch
 from onnx import numpy_helper
 
 from dflash_cli.exporting import no_retrace
-from tests.fixtures.tiny_pairs import TinyPair
-from tests.test_trace_worker import _export
+
+pytestmark = pytest.mark.slow  # builds or exports pairs: left out of `make test-fast`
 
 GRAPHS = ("target", "target_prefix", "draft", "draft_prefix")
 
@@ -53,14 +52,8 @@ def _shape(graph) -> tuple[Counter, list[str]]:
 
 
 @pytest.fixture(params=["qwen3", "llama"])
-def exports(request, tmp_path: Path, tiny_qwen3_pair: TinyPair, tiny_llama_pair: TinyPair) -> tuple[Path, Path]:
-    from tests.test_export_replicate import _inject
-
-    pair = tiny_qwen3_pair if request.param == "qwen3" else tiny_llama_pair
-    src = _inject(pair, tmp_path / "build")
-    _export(src, tmp_path / "retraced", "0", DFLASH_EXPORT_RETRACE="1")
-    _export(src, tmp_path / "direct", "0", DFLASH_EXPORT_RETRACE="0")
-    return tmp_path / "retraced", tmp_path / "direct"
+def exports(request, shared_exports):
+    return shared_exports.get(request.param, "retraced"), shared_exports.get(request.param, "replicated")
 
 
 def test_the_same_graphs_without_the_retrace(exports) -> None:

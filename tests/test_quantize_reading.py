@@ -11,6 +11,8 @@ from onnx import TensorProto
 from dflash_cli.exporting.onnx_data import prefetch, read_initializer
 from dflash_cli.ortcompile.quantize import _external_tensor, _transposed
 
+pytestmark = pytest.mark.slow  # builds or exports pairs: left out of `make test-fast`
+
 
 def _stored(tmp_path: Path, w: np.ndarray):
     pad = np.zeros(3, dtype=w.dtype)  # a weight that starts mid-file, as in a real .data file

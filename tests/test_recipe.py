@@ -101,9 +101,19 @@ def test_set_into_a_value_is_an_error(recipes: Path) -> None:
 
 
 def test_prefill_must_be_multiple_of_block_size(recipes: Path) -> None:
-    with pytest.raises(RecipeError, match=r"export\.prefill_seq_len \(64\) must be a multiple of dflash\.block_size"):
+    with pytest.raises(RecipeError, match=r"export\.prefill_seq_len \(64\) must be a multiple of the block size \(5\)"):
         load_recipe("tiny", ["dflash.block_size=5"])
     assert load_recipe("tiny", ["dflash.block_size=16"]).dflash.block_size == 16
+
+
+def test_the_cache_must_hold_a_prefill_chunk_and_two_blocks(recipes: Path) -> None:
+    with pytest.raises(
+        RecipeError, match=r"export\.ctx_len \(80\) is too small for prefill 64 and block 16: at least 96"
+    ):
+        load_recipe("tiny", ["dflash.block_size=16", "export.ctx_len=80"])
+    with pytest.raises(RecipeError, match=r"export\.ctx_len \(64\) is too small for prefill 64 and block 2"):
+        load_recipe("tiny", ["export.ctx_len=64"])  # block from the draft: at least the smallest block
+    assert load_recipe("tiny", ["dflash.block_size=16", "export.ctx_len=96"]).export.ctx_len == 96
 
 
 def test_yaml_syntax_error_names_the_line(recipes: Path) -> None:

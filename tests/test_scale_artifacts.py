@@ -13,6 +13,8 @@ from dflash_cli.pipeline import artifact_paths, build
 from dflash_cli.recipe import load_recipe
 from tests.fixtures.tiny_pairs import TinyPair
 
+pytestmark = pytest.mark.slow  # builds or exports pairs: left out of `make test-fast`
+
 
 @pytest.fixture(scope="module")
 def built(tiny_llama_pair: TinyPair, tmp_path_factory: pytest.TempPathFactory):

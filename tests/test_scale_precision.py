@@ -1,4 +1,4 @@
-"""fp16 export, weight-only int8/int4 compile, the causal-invariance check and bounded (twin) validation."""
+"""fp16 export, weight-only int8/int4 compile, the causal-invariance check and bounded (reduced-model) validation."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import pytest
 from dflash_cli.errors import DFlashError, ExportValidationError
 from tests.engines import build_recipe, open_engine
 from tests.fixtures.tiny_pairs import TinyPair
+
+pytestmark = pytest.mark.slow  # builds or exports pairs: left out of `make test-fast`
 
 PROMPTS = 8
 
@@ -44,13 +46,13 @@ def test_weight_only_precisions_stay_lossless(precision: str, family: str, reque
     draft = onnx.load(str(engine.compile_dir / "draft.onnx"), load_external_data=False)
     head = next(t for t in draft.graph.initializer if "lm_head" in t.name and t.name.endswith(f".w{precision[-1]}"))
     assert {e.key: e.value for e in head.external_data}["location"] == "target.onnx.q.data"
-    # The prefix-cache twins read the same weights: each quantised tensor, stacked or not, is the first copy.
-    for twin in ("target_prefix", "draft_prefix"):
-        assert (engine.compile_dir / f"{twin}.onnx.q.data").stat().st_size == 0
+    # The prefix-cache graphs read the same weights: each quantised tensor, stacked or not, is the first copy.
+    for graph in ("target_prefix", "draft_prefix"):
+        assert (engine.compile_dir / f"{graph}.onnx.q.data").stat().st_size == 0
     for prompt in _prompts(engine):
         plain = engine.generate(prompt, mode="plain", max_new_tokens=12)
         assert engine.generate(prompt, mode="dflash", max_new_tokens=12).tokens == plain.tokens
-        assert engine.generate(prompt, mode="pld", max_new_tokens=12).tokens == plain.tokens
+        assert engine.generate(prompt, mode="lookup", max_new_tokens=12).tokens == plain.tokens
 
 
 def test_int4_is_smaller_than_fp32_on_disk(tiny_llama_pair: TinyPair, tmp_path: Path) -> None:
@@ -114,25 +116,35 @@ def test_fp16_export_runs_and_validates(tiny_qwen3_pair: TinyPair, tmp_path: Pat
     assert size < 0.6 * (export32 / "target.onnx.data").stat().st_size
 
 
-def test_twin_validation_passes_and_catches_a_bad_weight(tiny_llama_pair: TinyPair, tmp_path: Path, monkeypatch):
-    """Large pairs validate a reduced twin; it still fails the stage when a weight is streamed wrong."""
-    from dflash_cli.exporting import graphs, validate
+def _export_only(pair: TinyPair, root: Path):
+    from dflash_cli.cache import Cache
+    from dflash_cli.pipeline import build
+    from dflash_cli.recipe import load_recipe
+
+    recipe = load_recipe(str(pair.write_recipe(root / "recipe.yaml")))
+    cache = Cache(root / "cache")
+    build(recipe, cache, upto="export")
+    return recipe, cache
+
+
+def test_reduced_validation_passes_and_catches_a_bad_weight(tiny_llama_pair: TinyPair, tmp_path: Path, monkeypatch):
+    """Large pairs validate a reduced model; it still fails the stage when a weight is streamed wrong."""
+    from dflash_cli.exporting import graphs, reduced, validate
     from dflash_cli.stages import export
 
     monkeypatch.setattr(export, "FULL_VALIDATION_BYTES", 0)
-    monkeypatch.setattr(validate, "TWIN_VOCAB", 300)
-    traced = []  # the twin is grown from the export's own traced layers, not traced again
-    monkeypatch.setattr(validate, "_export_twin", lambda *a: traced.append(a) or "")
-    recipe, cache = build_recipe(tiny_llama_pair, tmp_path / "ok")
+    monkeypatch.setattr(reduced, "VOCAB", 300)
+    traced = []  # the reduced model is grown from the export's own traced layers, not traced again
+    monkeypatch.setattr(validate, "_export_reduced", lambda *a: traced.append(a))
+    recipe, cache = _export_only(tiny_llama_pair, tmp_path / "ok")
     assert traced == []
-    monkeypatch.undo()
-    monkeypatch.setattr(export, "FULL_VALIDATION_BYTES", 0)
-    monkeypatch.setattr(validate, "TWIN_VOCAB", 300)
     from dflash_cli.pipeline import artifact_paths
 
-    doc = json.loads((artifact_paths(recipe, cache, ["export"])["export"] / "validation.json").read_text())
-    assert doc["mode"].startswith("twin: 3 target / 2 draft layers, 300 vocabulary rows")
+    export_dir = artifact_paths(recipe, cache, ["export"])["export"]
+    doc = json.loads((export_dir / "validation.json").read_text())
+    assert doc["mode"].startswith("reduced model: 3 target / 2 draft layers, 300 vocabulary rows")
     assert all(c["ok"] for c in doc["checks"]) and any(c["call"] == "vs-huggingface" for c in doc["checks"])
+    assert not (export_dir / export.REDUCED_DIR).exists()  # never published
 
     real = graphs._reader
 
@@ -144,7 +156,7 @@ def test_twin_validation_passes_and_catches_a_bad_weight(tiny_llama_pair: TinyPa
 
     monkeypatch.setattr(graphs, "_reader", corrupt)
     with pytest.raises(ExportValidationError, match="export validation failed"):
-        build_recipe(tiny_llama_pair, tmp_path / "bad")
+        _export_only(tiny_llama_pair, tmp_path / "bad")
 
 
 def test_int4_from_an_fp16_export_stays_lossless(tiny_llama_pair: TinyPair, tmp_path: Path) -> None:
@@ -156,26 +168,26 @@ def test_int4_from_an_fp16_export_stays_lossless(tiny_llama_pair: TinyPair, tmp_
         assert engine.generate(prompt, mode="dflash", max_new_tokens=10).tokens == plain.tokens
 
 
-def test_twin_falls_back_to_its_own_trace(tiny_qwen3_pair: TinyPair, tmp_path: Path, monkeypatch):
-    """When the twin cannot be grown from the traced layers, it is traced itself and still validates."""
-    from dflash_cli.exporting import twin_graphs, validate
+def test_reduced_model_falls_back_to_its_own_trace(tiny_qwen3_pair: TinyPair, tmp_path: Path, monkeypatch):
+    """When the reduced model cannot be grown from the traced layers, it is traced itself and still validates."""
+    from dflash_cli.exporting import reduced, validate
     from dflash_cli.pipeline import artifact_paths
     from dflash_cli.stages import export
 
     monkeypatch.setattr(export, "FULL_VALIDATION_BYTES", 0)
-    monkeypatch.setattr(validate, "TWIN_VOCAB", 300)
+    monkeypatch.setattr(reduced, "VOCAB", 300)
 
     def refuse(self, gname, *args):
         raise RuntimeError("not this time")
 
-    monkeypatch.setattr(twin_graphs.TwinGraphs, "_grow", refuse)
-    real = validate._export_twin
+    monkeypatch.setattr(reduced.ReducedGraphs, "_grow", refuse)
+    real = validate._export_reduced
     traced = []
-    monkeypatch.setattr(validate, "_export_twin", lambda *a: traced.append(a) or real(*a))
-    recipe, cache = build_recipe(tiny_qwen3_pair, tmp_path)
+    monkeypatch.setattr(validate, "_export_reduced", lambda *a: traced.append(a) or real(*a))
+    recipe, cache = _export_only(tiny_qwen3_pair, tmp_path)
     assert len(traced) == 1
     doc = json.loads((artifact_paths(recipe, cache, ["export"])["export"] / "validation.json").read_text())
-    assert doc["mode"].startswith("twin:") and all(c["ok"] for c in doc["checks"])
+    assert doc["mode"].startswith("reduced model:") and all(c["ok"] for c in doc["checks"])
 
 
 @pytest.mark.parametrize("family", ["qwen3", "llama"])

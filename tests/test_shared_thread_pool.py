@@ -11,7 +11,7 @@ from tests.engines import build_recipe
 
 _SCRIPT = """
 import json, sys
-from dflash_cli.backends.ort import shared_thread_pool
+from dflash_cli.ort_threads import shared_thread_pool
 from dflash_cli.cache import Cache
 from dflash_cli.decoding.engine import Engine
 from dflash_cli.recipe import load_recipe
@@ -20,7 +20,7 @@ engine = Engine.load(load_recipe(sys.argv[1], sys.argv[3:]), Cache(sys.argv[2]))
 same = []
 for prompt in ([5, 6, 7, 8], [9, 3, 3, 3, 3, 9, 3, 3], list(range(2, 30))):
     plain = engine.generate(prompt, mode="plain", max_new_tokens=16).tokens
-    same += [engine.generate(prompt, mode=m, max_new_tokens=16).tokens == plain for m in ("dflash", "pld", "hybrid")]
+    same += [engine.generate(prompt, mode=m, max_new_tokens=16).tokens == plain for m in ("dflash", "lookup", "hybrid")]
 print(json.dumps({"shared": shared_thread_pool(), "same": same, "plain_on": engine.open_plain_session()}))
 """
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from dflash_cli.cache import HashingWriter
+    from dflash_cli.hashing import HashingWriter
 
 ALIGNMENT = 65536  # large tensors start on a 64 KiB boundary, so runtimes can memory-map them
 ALIGN_ABOVE = 1 << 20
@@ -39,13 +39,13 @@ class Initializer:
 
 class DataFile:
     """One graph's external data file, appended to tensor by tensor and hashed on the way out
-    (cache.HashingWriter); large tensors start on an ALIGNMENT boundary."""
+    (hashing.HashingWriter); large tensors start on an ALIGNMENT boundary."""
 
-    def __init__(self, out_dir: Path, name: str, direct: bool = True, digest: bool = True) -> None:
-        from dflash_cli.cache import HashingWriter
+    def __init__(self, out_dir: Path, name: str, digest: bool = True) -> None:
+        from dflash_cli.hashing import HashingWriter
 
         self.name, self.offset = name, 0
-        self._file: HashingWriter | None = HashingWriter(out_dir / name, direct=direct, digest=digest)
+        self._file: HashingWriter | None = HashingWriter(out_dir / name, digest=digest)
 
     def append(self, blocks: Iterable, nbytes: int, what: str) -> tuple[str, int, int]:
         """Write `blocks` (bytes or numpy blocks, `nbytes` in all); returns (file name, offset, length)."""
@@ -70,22 +70,6 @@ class DataFile:
             file.close(ok=ok)
 
 
-def prewrite(
-    data: DataFile,
-    tensors: list[tuple[Initializer, int]],
-    written: WrittenTensors,
-    progress: Callable[[int, int, int], None] | None = None,
-) -> None:
-    """Append each (source, byte size) to `data` before the graph that reads them exists (its template
-    is still being traced elsewhere); `write_initializers` then finds them in `written`. Every tensor
-    given must be one the graph reads, or its bytes are dead weight in the file."""
-    for i, (src, nbytes) in enumerate(tensors):
-        if src.identity is not None and src.identity not in written.places:
-            written.places[src.identity] = data.append(src.produce(), nbytes, src.name)
-        if progress is not None:
-            progress(i + 1, len(tensors), data.offset)
-
-
 def write_initializers(
     model,
     out_dir: Path,
@@ -93,22 +77,18 @@ def write_initializers(
     sources: dict[str, Initializer],
     written: WrittenTensors,
     progress: Callable[[int, int, int], None] | None = None,
-    direct: bool = True,
-    data: DataFile | None = None,
     digest: bool = True,
 ) -> int:
     """Stream every initializer of `model` (onnx_ir) into out_dir/data_name; returns bytes written.
 
     `sources` gives the producer for initializers whose value is not in the graph (weights traced on
-    the meta device); other initializers are written from their own value. `direct=False` keeps the
-    file in the page cache (read back soon); see dflash_cli/direct_file.py. `data`: that file, already
-    opened (and `prewrite` into); it is closed here either way. `digest=False`: not hashed (never
-    published).
+    the meta device); other initializers are written from their own value. `digest=False`: not hashed
+    (never published).
     """
     import onnx_ir as ir
 
     inits = list(model.graph.initializers.values())
-    data = data if data is not None else DataFile(out_dir, data_name, direct=direct, digest=digest)
+    data = DataFile(out_dir, data_name, digest=digest)
     ok = False
     try:
         for i, value in enumerate(inits):

@@ -20,8 +20,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from dflash_cli.exporting.torch_to_onnx import WRAPPER_PREFIX
-from dflash_cli.ortcompile.fuse import SCOPES_KEY
+from dflash_cli.errors import DFlashError
+from dflash_cli.exporting.external_data import Initializer
+from dflash_cli.exporting.names import SCOPES_KEY, WRAPPER_PREFIX
+from dflash_cli.exporting.torch_to_onnx import lazy_weight
 
 _PAST = re.compile(r"^past_(key|value)\.0$")
 _CACHE_OUT = re.compile(r"^(past|present)_(key|value)\.0(_RetainedState)?$")
@@ -40,6 +42,29 @@ class LayerPlan:
     input_names: tuple[str, ...]  # the real model's graph inputs and outputs, in order
     output_names: tuple[str, ...]
     taps: tuple[int, ...] = ()  # the real layers whose output a Concat reads (the target's features)
+
+
+def grow_layers(model, plan: LayerPlan, sources: dict[str, Initializer], by_graph_name: dict[str, Initializer]) -> None:
+    """Copy the traced layer 0 of `model` to `plan.num_layers` layers, each copy's weights
+    read lazily from `sources`; records them in `by_graph_name` for the writer."""
+    import onnx_ir as ir
+
+    def weight_value(name: str, like):
+        tmpl = like.const_value
+        src = sources.get(name)
+        if src is None:
+            raise DFlashError(f"export: no weights for {name}", hint="this is a dflash bug")
+        value = ir.Value(
+            name=WRAPPER_PREFIX + name,
+            type=like.type,
+            shape=like.shape,
+            const_value=lazy_weight(src, tmpl.dtype, tuple(tmpl.shape), name),
+        )
+        model.graph.register_initializer(value)
+        by_graph_name[value.name] = src
+        return value
+
+    replicate_layers(model, plan, weight_value)
 
 
 def replicate_layers(model, plan: LayerPlan, weight_value) -> None:

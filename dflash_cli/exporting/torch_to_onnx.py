@@ -1,7 +1,7 @@
 """torch.onnx export with only `seq_len` symbolic (batch 1, static ctx_len), as accelerators want.
 
 `trace_template` (the dynamo exporter) traces a module whose parameters live on the meta device,
-so tracing holds no weights; `finish_template` then streams each initializer from the checkpoint
+so tracing holds no weights; `save_streamed` then streams each initializer from the checkpoint
 into external data (see external_data.py): peak memory is the largest tensor, not the model. `export_module` (the
 TorchScript exporter) needs real weights and is kept for small models and as a fallback.
 """
@@ -16,11 +16,11 @@ import torch
 
 from dflash_cli.errors import DFlashError
 from dflash_cli.exporting.external_data import Initializer, WrittenTensors, write_initializers
+from dflash_cli.exporting.names import WRAPPER_PREFIX
 from dflash_cli.exporting.no_retrace import skip_retrace
 
 # Above this many parameter bytes the TorchScript graph keeps its weights in a side `.data` file (protobuf's 2 GB cap).
 EXTERNAL_DATA_BYTES = 1 << 30
-WRAPPER_PREFIX = "inner."  # _ExplicitArgs holds the module as `inner`
 
 
 def trace_template(
@@ -34,10 +34,9 @@ def trace_template(
     past_len_inputs: tuple[str, ...] = (),
 ):
     """The traced, optimised graph of `module` (parameters on the meta device) whose weight initializers
-    read `sources` lazily, and {graph initializer name: its source}. Reads no weight bytes
-    (trace_worker.py sends it between processes). `sources` maps a parameter/buffer name of `module`
-    to the producer of its bytes; `past_len_inputs` get a second symbolic dim, `past_len`, on axis 1
-    (the prefix-cache graphs' filled slots)."""
+    read `sources` lazily, and {graph initializer name: its source}. Reads no weight bytes. `sources`
+    maps a parameter/buffer name of `module` to the producer of its bytes; `past_len_inputs` get a
+    second symbolic dim, `past_len`, on axis 1 (the prefix-cache graphs' filled slots)."""
     import onnxscript.rewriter.onnx_fusions
 
     seq = torch.export.Dim("seq_len", min=1, max=8192)
@@ -83,65 +82,12 @@ def trace_template(
     return model, by_graph_name
 
 
-def finish_template(
-    model,
-    by_graph_name,
-    path: Path,
-    sources,
-    written: WrittenTensors,
-    progress=None,
-    replicate=None,
-    on_template=None,
-    direct=True,
-    data=None,
-) -> int:
-    """Write `path` + `path.data` from a traced template; returns data bytes. With `replicate` (a
-    replicate.LayerPlan) the template is a one-layer stand-in of the real model, and its traced layer
-    is copied to the real depth first; `on_template(model, by_graph_name)` sees the one-layer graph
-    before that (it may clone it, not change it). `data`: the open data file (external_data.DataFile)
-    holding weights written ahead of the template."""
-    if replicate is not None:
-        if on_template is not None:
-            on_template(model, by_graph_name)  # e.g. the validation twin, grown from the same traced layer
-        grow_layers(model, replicate, sources, by_graph_name)
-    return save_streamed(model, path, by_graph_name, written, progress, direct, data)
-
-
-def grow_layers(model, plan, sources: dict[str, Initializer], by_graph_name: dict[str, Initializer]) -> None:
-    """Copy the traced layer 0 of `model` to `plan.num_layers` layers (replicate.py), each copy's weights
-    read lazily from `sources`; records them in `by_graph_name` for the writer."""
-    import onnx_ir as ir
-
-    from dflash_cli.exporting.replicate import replicate_layers
-
-    def weight_value(name: str, like):
-        tmpl = like.const_value
-        src = sources.get(name)
-        if src is None:
-            raise DFlashError(f"export: no weights for {name}", hint="this is a dflash bug")
-        value = ir.Value(
-            name=WRAPPER_PREFIX + name,
-            type=like.type,
-            shape=like.shape,
-            const_value=lazy_weight(src, tmpl.dtype, tuple(tmpl.shape), name),
-        )
-        model.graph.register_initializer(value)
-        by_graph_name[value.name] = src
-        return value
-
-    replicate_layers(model, plan, weight_value)
-
-
-def save_streamed(
-    model, path: Path, by_graph_name, written: WrittenTensors, progress=None, direct=True, data=None, digest=True
-) -> int:
+def save_streamed(model, path: Path, by_graph_name, written: WrittenTensors, progress=None, digest=True) -> int:
     """Stream the initializers into `path`.data, save the graph at `path`; returns data bytes.
     `digest=False`: the data file is not hashed for the cache (a file that is never published)."""
     import onnx_ir as ir
 
-    nbytes = write_initializers(
-        model, path.parent, path.name + ".data", by_graph_name, written, progress, direct, data, digest
-    )
+    nbytes = write_initializers(model, path.parent, path.name + ".data", by_graph_name, written, progress, digest)
     ir.save(model, str(path))
     _name_seq_dims(path)
     return nbytes
@@ -152,18 +98,6 @@ def lazy_weight(src: Initializer, dtype, shape: tuple[int, ...], name: str):
     import onnx_ir as ir
 
     return ir.LazyTensor(_reader(src, dtype, shape), dtype=dtype, shape=ir.Shape(shape), name=name)
-
-
-def warm_up(opset: int) -> None:
-    """Import the exporter and build its op registry now (a forked tracer then inherits both)."""
-    import onnx_ir.passes.common  # noqa: F401
-    import onnxscript.optimizer  # noqa: F401
-    import onnxscript.rewriter.onnx_fusions  # noqa: F401
-    from torch.onnx._internal.exporter import _constants, _core, _registration  # noqa: F401
-
-    with _one_op_registry():
-        # The key torch.onnx.export asks for: opsets below torchlib's are raised to it.
-        _registration.ONNXRegistry.from_torchlib(opset_version=max(opset, _constants.TORCHLIB_OPSET))
 
 
 _REGISTRIES: dict = {}  # opset -> torch.onnx's table of ATen -> ONNX functions, built once per process

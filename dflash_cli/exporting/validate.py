@@ -7,7 +7,6 @@ tolerance fails the stage (the caller raises), never just a warning.
 from __future__ import annotations
 
 import shutil
-import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -15,15 +14,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from dflash_cli.exporting.reduced import GRAPHS, ReducedGraphs, ReducedPlan
+
 RTOL = {"fp32": 1e-3, "fp16": 2e-2}  # relative to the reference's largest magnitude (summation order, fp16 rounding)
 # fp16 graphs against a float32 reference: argmax may flip where two logits are within fp16 rounding
 # (random-weight models are full of such near ties); more than this fraction is a conversion fault.
 TOKEN_TOL = {"fp32": 0.0, "fp16": 0.1}
-# A twin keeps the first layers of target and draft (three: the export grows graphs from one traced
-# layer, exporting/replicate.py, and three layers check a copy reading a copy)...
-TWIN_LAYERS = 3
-TWIN_VOCAB = 4096  # ...and the first vocabulary rows; hidden size, heads, ctx_len and block stay as built
-TWIN_GRAPHS = ("target", "draft")  # the static graphs validation runs, in this order
 
 
 @dataclass(frozen=True)
@@ -61,11 +57,11 @@ def _diff(name: str, got: np.ndarray, ref: np.ndarray, dtype: str = "fp32") -> t
 def _session(onnx_path: Path):
     import onnxruntime as ort
 
-    from dflash_cli.backends.ort import apply_thread_pool
+    from dflash_cli.ort_threads import apply_thread_pool
 
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")  # it runs beside the export's work
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")  # a spinning pool would outlive the checks
     apply_thread_pool(opts)
     return ort.InferenceSession(str(onnx_path), sess_options=opts, providers=["CPUExecutionProvider"])
 
@@ -121,147 +117,45 @@ def target_vs_hf(hf, module, prompt: np.ndarray, ctx_len: int) -> list[Check]:
     return checks
 
 
-@dataclass(frozen=True)
-class TwinPlan:
-    layers: int
-    draft_layers: int
-    rows: int
-    ids: list[int]
-
-    @classmethod
-    def of(cls, src: Path, pair: dict) -> TwinPlan:
-        from dflash_cli.modeling.loading import draft_config, target_config
-
-        depth = target_config(src).num_hidden_layers
-        layers = min(depth, TWIN_LAYERS)
-        # A tap of the last layer reads the final norm's output, any other a layer's own output: the
-        # twin keeps that distinction (its last layer for the former, the ones before for the rest), so
-        # its graph is the real export's traced layer grown to the twin's depth (twin_graphs.py).
-        return cls(
-            layers=layers,
-            draft_layers=min(draft_config(src).num_hidden_layers, TWIN_LAYERS),
-            rows=min(pair["vocab_size"], TWIN_VOCAB),
-            ids=[layers - 1 if i == depth - 1 else min(i, max(layers - 2, 0)) for i in pair["target_layer_ids"]],
-        )
-
-    def configs(self, src: Path):
-        from dflash_cli.modeling.loading import draft_config, target_config
-
-        return (
-            target_config(src, num_hidden_layers=self.layers, vocab_size=self.rows),
-            draft_config(src, num_hidden_layers=self.draft_layers),
-        )
-
-    def describe(self) -> str:
-        return (
-            f"twin: {self.layers} target / {self.draft_layers} draft layers, {self.rows} vocabulary rows, "
-            "all other shapes as built"
-        )
-
-
-class TwinExport:
-    """The validation twin's graphs: grown from the real export's traced layers while it runs
-    (twin_graphs.py), or, for a graph that could not be grown that way, exported here by tracing
-    the twin models (the same code path as the real export, on the twin's configs).
-
-    A grown graph's checks start in a thread the moment it is written, so they run while the export
-    streams the real weights (mostly system time writing gigabytes) instead of after it; `checks`
-    collects them."""
-
-    def __init__(self, src: Path, out: Path, shape, e, plan: TwinPlan, pair: dict) -> None:
-        from dflash_cli.exporting.graphs import DTYPES
-        from dflash_cli.exporting.twin_graphs import TwinGraphs
-
-        self.plan, self.where = plan, out / "_validation_twin"
-        self.where.mkdir()
-        self._args = (src, self.where, shape, e.dtype, e.logits, e.opset, plan)
-        self._check_args = (src, self.where, shape, e, pair, plan)
-        self._early: dict = {}  # graph -> background.Background of its checks
-        # One graph's checks at a time: each holds its twin's reference modules and an ONNX Runtime
-        # session (~3 GiB on the 4B shape); both at once raised that export's peak RSS by ~3 GiB.
-        self._one_at_a_time = threading.Lock()
-        self.graphs = TwinGraphs(src, self.where, plan, e.logits, DTYPES[e.dtype], on_made=self._start)
-
-    def _start(self, gname: str) -> None:
-        from dflash_cli.exporting.background import Background
-
-        def checks() -> list[Check]:
-            with self._one_at_a_time:
-                return graph_checks(gname, *self._check_args)
-
-        self._early[gname] = Background(checks, "dflash-validation")
-
-    def checks(self, progress=lambda message: None) -> list[Check]:
-        """Every graph's checks: those started early, then the rest (the twin traced itself if need be)."""
-        from dflash_cli.errors import DFlashError
-
-        if not self.graphs.made >= set(TWIN_GRAPHS):
-            for job in self._early.values():
-                job.wait()  # nothing may still read the files the twin's own export replaces
-            self._early.clear()
-            why = "; ".join(f"{g}: {r}" for g, r in self.graphs.skipped.items()) or "a graph was traced whole"
-            progress(f"tracing the validation twin itself ({why})")
-            shutil.rmtree(self.where, ignore_errors=True)
-            self.where.mkdir()
-            failure = _export_twin(*self._args)
-            if failure:
-                raise DFlashError(f"exporting the validation twin failed: {failure}", hint="DFLASH_DEBUG=1 shows more")
-        return [
-            c
-            for g in TWIN_GRAPHS
-            for c in (self._early[g].result() if g in self._early else graph_checks(g, *self._check_args))
-        ]
-
-    def cancel(self) -> None:
-        shutil.rmtree(self.where, ignore_errors=True)  # a check still running fails and is never read
-
-
-def _export_twin(src: Path, where: Path, shape, dtype: str, logits: bool, opset: int, plan: TwinPlan) -> str:
-    """Export the twin's static graphs by tracing; returns "" or the error."""
-    from dflash_cli.exporting.graphs import DTYPES, export_pair
-
-    try:
-        tcfg, dcfg = plan.configs(src)
-        export_pair(
-            src,
-            where,
-            shape,
-            dtype=DTYPES[dtype],
-            logits=logits,
-            opset=opset,
-            progress=lambda m: None,
-            target_cfg=tcfg,
-            draft_cfg=dcfg,
-            layer_ids=plan.ids,
-            rows=plan.rows,
-            prefix_graphs=False,  # the compile stage checks the prefix-cache graphs against the real ones
-            direct=False,  # read back by the checks at once
-        )
-        return ""
-    except Exception as exc:  # noqa: BLE001 - reported by the caller with its own hint
-        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-
-
 def validate_export(
-    src: Path, out: Path, shape, e, pair: dict, *, twin: TwinExport | None, progress
+    src: Path, out: Path, shape, options, pair: dict, *, reduced: ReducedGraphs | None, progress
 ) -> tuple[list[Check], str]:
-    """Check the exported graphs (no `twin`) or the reduced twin exported beside them (large pairs).
+    """Check the exported graphs, or (`reduced`) the reduced model's graphs grown beside them.
 
-    Returns the checks and the mode's description.
-    """
-    if twin is None:
+    Returns the checks and the mode's description."""
+    if reduced is None:
         progress("validating the ONNX graphs against PyTorch and Hugging Face")
-        checks = [c for g in TWIN_GRAPHS for c in graph_checks(g, src, out, shape, e, pair)]
-        return checks, "full"
-    progress(f"validating a {twin.plan.layers}-layer, {twin.plan.rows}-row twin grown from the same traced layers")
+        return [c for g in GRAPHS for c in graph_checks(g, src, out, shape, options, pair)], "full"
+    plan = reduced.plan
     try:
-        return twin.checks(progress), twin.plan.describe()
+        if not reduced.made >= set(GRAPHS):
+            why = "; ".join(f"{g}: {r}" for g, r in reduced.skipped.items()) or "a graph was traced whole"
+            progress(f"tracing the reduced model itself ({why})")
+            shutil.rmtree(reduced.where, ignore_errors=True)
+            reduced.where.mkdir()
+            _export_reduced(src, reduced.where, shape, options, plan)
+        progress(f"validating a {plan.layers}-layer, {plan.rows}-row reduced model grown from the same traced layers")
+        checks = [c for g in GRAPHS for c in graph_checks(g, src, reduced.where, shape, options, pair, plan)]
+        return checks, plan.describe()
     finally:
-        shutil.rmtree(twin.where, ignore_errors=True)
+        shutil.rmtree(reduced.where, ignore_errors=True)
 
 
-def graph_checks(gname: str, src: Path, where: Path, shape, e, pair: dict, plan: TwinPlan | None = None) -> list[Check]:
-    """Every check of `where`/`gname`.onnx ("target" or "draft"; the twin's graph when `plan` is given)."""
+def _export_reduced(src: Path, where: Path, shape, options, plan: ReducedPlan) -> None:
+    from dflash_cli.errors import DFlashError
+    from dflash_cli.exporting.graphs import export_reduced
+
+    try:
+        export_reduced(src, where, shape, options, plan)
+    except Exception as exc:  # reported with a hint of its own
+        why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        raise DFlashError(f"exporting the reduced model failed: {why}", hint="DFLASH_DEBUG=1 shows more") from exc
+
+
+def graph_checks(
+    gname: str, src: Path, where: Path, shape, options, pair: dict, plan: ReducedPlan | None = None
+) -> list[Check]:
+    """Every check of `where`/`gname`.onnx ("target" or "draft"; the reduced model's graph when `plan` is given)."""
     from dflash_cli.exporting import validation_calls as calls
     from dflash_cli.modeling.layers import Rotary
     from dflash_cli.modeling.loading import (
@@ -280,25 +174,27 @@ def graph_checks(gname: str, src: Path, where: Path, shape, e, pair: dict, plan:
     if rows is not None:
         checks_pair["vocab_size"] = rows
         checks_pair["mask_token_id"] = min(pair["mask_token_id"], rows - 1)
-    # One generator per graph: the draft's checks may run before, after or beside the target's.
-    rng = np.random.default_rng(TWIN_GRAPHS.index(gname))
+    # One generator per graph: each graph's inputs do not depend on which graphs were checked before.
+    rng = np.random.default_rng(GRAPHS.index(gname))
     B, P, C = shape.block, shape.prefill, shape.ctx_len
     if gname == "target":
-        target = build_target(src, e.logits, cfg=tcfg, layer_ids=ids, device="meta", dtype=torch.float32)
+        target = build_target(src, options.logits, cfg=tcfg, layer_ids=ids, device="meta", dtype=torch.float32)
         fill_weights(target, WeightStore.open(src / "target"), rows=rows)
         target.rotary = Rotary(tcfg)
         checks = compare_graph(
-            "target", where / "target.onnx", target, calls.target_calls(rng, checks_pair, B, P), C, e.dtype
+            "target", where / "target.onnx", target, calls.target_calls(rng, checks_pair, B, P), C, options.dtype
         )
         prompt = rng.integers(0, checks_pair["vocab_size"], size=(1, min(P, 32)), dtype=np.int64)
-        return checks + target_vs_hf(_hf_twin(tcfg, target), target, prompt, C)
-    draft = build_draft(src, e.logits, cfg=dcfg, vocab=rows, device="meta", dtype=torch.float32)
+        return checks + target_vs_hf(_hf_model(tcfg, target), target, prompt, C)
+    draft = build_draft(src, options.logits, cfg=dcfg, vocab=rows, device="meta", dtype=torch.float32)
     fill_weights(draft, WeightStore.open(src / "draft"), draft_store_name, rows=rows)
     draft.draft.rotary = Rotary(dcfg)
-    return compare_graph("draft", where / "draft.onnx", draft, calls.draft_calls(rng, checks_pair, B, P), C, e.dtype)
+    return compare_graph(
+        "draft", where / "draft.onnx", draft, calls.draft_calls(rng, checks_pair, B, P), C, options.dtype
+    )
 
 
-def _hf_twin(cfg, target):
+def _hf_model(cfg, target):
     """The Hugging Face model of `cfg`, holding the same tensors as our target module (no second copy)."""
     from transformers import AutoModelForCausalLM
 
@@ -317,5 +213,5 @@ def _hf_twin(cfg, target):
                 module.original_inv_freq = fresh.original_inv_freq
     leftover = [n for n, p in [*hf.named_parameters(), *hf.named_buffers()] if p.is_meta]
     if leftover:
-        raise RuntimeError(f"Hugging Face twin has unfilled tensors: {leftover[:5]}")
+        raise RuntimeError(f"Hugging Face model has unfilled tensors: {leftover[:5]}")
     return hf.eval()

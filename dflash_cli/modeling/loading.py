@@ -76,7 +76,7 @@ def fill_weights(module: torch.nn.Module, store: WeightStore, rename=None, *, ro
     """Give every parameter of `module` its checkpoint tensor (float32, or the module's dtype).
 
     `rename` maps a parameter name to its name in the store; `rows` keeps only the first rows of
-    the vocabulary-sized tensors (a reduced-vocabulary validation twin).
+    the vocabulary-sized tensors (the reduced model of validation, exporting/reduced.py).
     """
     names = [n for n, _ in module.named_parameters()]
     wanted = {n: (rename(n) if rename else n) for n in names}

@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from dflash_cli.exporting.names import CLASSES_KEY, SCOPES_KEY
+
 if TYPE_CHECKING:
     import onnx
 
 NORM_CLASS = "dflash_cli.modeling.layers.RMSNorm"
-SCOPES_KEY = "pkg.torch.onnx.name_scopes"
-CLASSES_KEY = "pkg.torch.onnx.class_hierarchy"
 # Constants of the two-pass form (modeling.layers.rms_normalize) that are not the epsilon.
 _FORM_CONSTANTS = (1 / 256, 2.0, -1.0, 256.0, 2.0**-24)
 

@@ -108,9 +108,9 @@ def quantize_graph(
     rewritten = 0
     grouped = 0
 
-    from dflash_cli.cache import HashingWriter
+    from dflash_cli.hashing import HashingWriter
 
-    # Hashed on the way out: publish does not read it back (and O_DIRECT with DFLASH_DIRECT_IO=1).
+    # Hashed on the way out: publish does not read it back.
     with HashingWriter(dst_onnx.parent / data_name) as f:
 
         def write(base: str, packed: np.ndarray, scales: np.ndarray) -> tuple[list, list]:
@@ -157,7 +157,7 @@ def quantize_graph(
                     prefetch(plans[ahead][0], src_onnx.parent)
             group = group_of.get(wname)
             if group:
-                # The prefix-cache twin stacks the same source bytes: it points at the first graph's copy.
+                # The prefix-cache graph stacks the same source bytes: it points at the first graph's copy.
                 ids = tuple(_source_identity(plans[n][0], src_onnx.parent, plans[n][1]) for n in group)
                 key = ("stacked", ids) if None not in ids else None
                 if key is not None and key in done:

@@ -20,7 +20,6 @@ class StageContext:
     out_dir: Path  # empty temporary directory; write every output here
     inputs: Mapping[str, Path]  # upstream stage name -> its published artifact directory
     progress: Callable[[str], None]  # short human progress messages ("loading target weights")
-    early: Any = None  # what the stage's optional `start_early(recipe)` began before upstream stages ran
 
 
 class Stage(Protocol):
@@ -34,7 +33,3 @@ class Stage(Protocol):
 
     def run(self, ctx: StageContext) -> dict[str, Any]:
         """Do the work into ctx.out_dir; return extra facts for the manifest."""
-
-    # Optional: `start_early(recipe)`, called before any stage runs when this one will be built, may
-    # start work that needs only the recipe (not upstream artifacts) and return a handle with
-    # `close()`; `run` finds it as ctx.early. It must never change what `run` produces.

@@ -22,7 +22,7 @@ CHECK_FLOOR_BYTES = 1 << 30  # graphs this small are always loaded and checked a
 
 class CompileStage:
     name = "compile"
-    # 5: stacked q/k/v, gate/up; 6: twins share stacks; 7: call-length check; 8: GQA pads one-row calls;
+    # 5: stacked q/k/v, gate/up; 6: prefix-cache graphs share stacks; 7: call-length check; 8: GQA pads one-row calls;
     # 9: the call-length check covers the hybrid's verifies past the block; 10: SiLU as QuickGelu, q/k/v
     # padded once before their stacked Split
     version = 10
@@ -161,7 +161,7 @@ def _compile_ort(ctx: StageContext) -> dict[str, Any]:
     weights = {g: graph_weight_bytes(out / v["onnx"]) for g, v in info["graphs"].items()}
     facts["session_weight_bytes"] = weights
     budget = max(CHECK_FLOOR_BYTES, int(info.get("target_checkpoint_bytes", 0)))
-    static = [g for g in info["graphs"] if not g.endswith("_prefix")]  # a prefix twin reads the same weights
+    static = [g for g in info["graphs"] if not g.endswith("_prefix")]  # a prefix-cache graph reads the same weights
     if sum(weights[g] for g in static) <= budget:
         settings = OrtSettings(intra_op_threads=ort_cfg.intra_op_threads, graph_optimization=ort_cfg.graph_optimization)
         pair = json.loads((src / "pair.json").read_text())
@@ -184,10 +184,10 @@ def _compile_ort(ctx: StageContext) -> dict[str, Any]:
             if gname == "target":
                 facts["causal_invariance_max_diff"] = causal_invariance(sess, info, pair["vocab_size"])
             del sess
-            twin = info["graphs"].get(f"{gname}_prefix")
-            if twin:
+            prefix_graph = info["graphs"].get(f"{gname}_prefix")
+            if prefix_graph:
                 ctx.progress(f"checking the prefix-cache {gname} against the exported graph")
-                sess = open_prefix_session(out / twin["onnx"], gname, info["ctx_len"], settings)
+                sess = open_prefix_session(out / prefix_graph["onnx"], gname, info["ctx_len"], settings)
                 label = f"prefix-cache {gname}"
                 facts[f"{gname}_prefix_max_diff"] = matches_reference(sess, reference, label, info["dtype"], quantized)
                 if gname == "target":  # what decoding runs on the CPU: its positions must stay independent too
@@ -211,8 +211,8 @@ def _compile_ort(ctx: StageContext) -> dict[str, Any]:
             # What decoding runs alone fits: how its one-token calls must run is still worth knowing.
             ctx.progress("loading the prefix-cache target (call-length check)")
             settings = OrtSettings(ort_cfg.intra_op_threads, ort_cfg.graph_optimization)
-            twin = out / info["graphs"]["target_prefix"]["onnx"]
-            sess = open_prefix_session(twin, "target", info["ctx_len"], settings)
+            prefix_graph = out / info["graphs"]["target_prefix"]["onnx"]
+            sess = open_prefix_session(prefix_graph, "target", info["ctx_len"], settings)
             vocab = json.loads((src / "pair.json").read_text())["vocab_size"]
             _check_call_length(sess, info, vocab, facts, ctx.progress)
             del sess

@@ -129,8 +129,7 @@ def describe(recipe: Any) -> Described:
 
 
 def write_configs(out_dir: Path, described: Described) -> None:
-    """The artifact's config files and pair.json: what later stages build their modules from. The
-    export's early tracer (exporting/early_trace.py) writes the same files to trace ahead of convert."""
+    """The artifact's config files and pair.json: what later stages build their modules from."""
     for sub in (TARGET_DIR, DRAFT_DIR):
         (out_dir / sub).mkdir(parents=True, exist_ok=True)
     _write_json(out_dir / TARGET_DIR / ckpt.CONFIG_FILE, described.target_cfg)

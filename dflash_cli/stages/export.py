@@ -2,25 +2,25 @@
 
 The dynamo path traces on the meta device and streams weights into external data in
 `export.dtype` (see exporting/graphs.py), so memory stays near one tensor plus the validation.
-Validation runs the real graphs when they are small; for larger pairs it checks a *twin* (the first
-layers and the first vocabulary rows of the same checkpoint, every other shape unchanged), grown from
-the same traced layers as the real graphs, against PyTorch and Hugging Face, so its memory does not
-grow with depth or vocabulary. Either way any output over tolerance fails the stage.
+Validation runs the real graphs when they are small; for larger pairs it checks a reduced model (the
+first layers and vocabulary rows of the same checkpoint, every other shape unchanged, exporting/
+reduced.py) grown from the same traced layers, against PyTorch and Hugging Face, so its memory does
+not grow with depth or vocabulary. Either way any output over tolerance fails the stage.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
 from dflash_cli.errors import ExportValidationError, RecipeError
+from dflash_cli.recipe import export_shape_problems
 from dflash_cli.stages.base import StageContext
 
 FULL_VALIDATION_BYTES = 1 << 30  # float32 bytes of both graphs up to which the real graphs are validated
-EXPORT_SWITCH_INTERVAL_S = 0.0005  # the GIL switch interval while exporting (see ExportStage.run)
+REDUCED_DIR = "_reduced_model"  # the reduced model's graphs, removed before the artifact is published
 
 
 # Bumped whenever the traced graphs change, so cached exports made by older code are rebuilt:
@@ -53,51 +53,17 @@ class ExportStage:
             "validate": e.validate_outputs,
         }
 
-    def start_early(self, recipe: Any):
-        """Trace the graphs while convert and inject run (exporting/early_trace.py)."""
-        from dflash_cli.exporting.early_trace import EarlyTrace
-
-        return EarlyTrace.start(recipe)
-
     def run(self, ctx: StageContext) -> dict[str, Any]:
-        # The build thread streams the weights in ~8 MB blocks, dropping the GIL for every conversion,
-        # write and hash hand-off, while the validation and template-receiving threads run Python. Each
-        # time it wants the GIL back it may wait a whole switch interval (5 ms by default). Measured on the
-        # 0.6B-shaped pair, whole builds alternating with 5 ms: medians 16.8 vs 17.5 s (4 rounds), then
-        # 20.5 vs 20.7 s, export stage 17.3 vs 17.9 s (5 rounds, benchmarks/build_ab.sh, a slower VM phase).
-        # One torch thread (and no spinning ONNX Runtime pool in exporting/validate.py): the other core traces,
-        # writes and hashes; a second OpenMP thread mostly spun waiting between the ~8 MB conversions
-        # (~1 s of a 0.6B build's CPU in libgomp). Alternating builds: 14.9 vs 16.8 s (medians of 4,
-        # benchmarks/results/scale/export-threads-s10.txt).
-        import torch
-
-        previous, threads = sys.getswitchinterval(), torch.get_num_threads()
-        sys.setswitchinterval(EXPORT_SWITCH_INTERVAL_S)
-        torch.set_num_threads(1)
-        try:
-            return self._run(ctx)
-        finally:
-            sys.setswitchinterval(previous)
-            torch.set_num_threads(threads)
-
-    def _run(self, ctx: StageContext) -> dict[str, Any]:
-        from dflash_cli.exporting.graphs import DTYPES, PairShape, export_pair
+        from dflash_cli.exporting.options import ExportOptions, PairShape
         from dflash_cli.modeling.loading import load_pair_info
 
         e = ctx.recipe.export
         src = ctx.inputs["inject"]
         pair = load_pair_info(src)
         B, P, C = pair["block_size"], e.prefill_seq_len, e.ctx_len
-        if P % B:
-            raise RecipeError(
-                f"export.prefill_seq_len ({P}) must be a multiple of the block size ({B})",
-                hint=f"--set export.prefill_seq_len={max(B, P // B * B)}",
-            )
-        if C < P + 2 * B:
-            raise RecipeError(
-                f"export.ctx_len ({C}) is too small for prefill {P} and block {B}",
-                hint=f"--set export.ctx_len={P + 2 * B + 64}",
-            )
+        problems = export_shape_problems(B, P, C)  # the recipe checked these unless the block is the draft's
+        if problems:
+            raise RecipeError(problems[0], hint="set export.prefill_seq_len / export.ctx_len in the recipe or by --set")
         if e.exporter == "torchscript" and e.dtype != "fp32":
             raise RecipeError(
                 "export.exporter=torchscript supports export.dtype=fp32 only",
@@ -105,39 +71,41 @@ class ExportStage:
             )
         out = ctx.out_dir
         shape = PairShape(B, P, C, pair["hidden_size"])
-        twin = None
-        if e.validate_outputs and _fp32_bytes(src) > FULL_VALIDATION_BYTES:
-            from dflash_cli.exporting.validate import TwinExport, TwinPlan
-
-            # Large pairs validate a reduced twin (bounded memory), grown from the layers the export traces.
-            twin = TwinExport(src, out, shape, e, TwinPlan.of(src, pair), pair)
-        try:
-            if e.exporter == "dynamo":
-                ctx.progress(f"tracing on the meta device and streaming {e.dtype} weights (opset {e.opset})")
-                graphs = export_pair(
-                    src,
-                    out,
-                    shape,
-                    dtype=DTYPES[e.dtype],
-                    logits=e.logits,
-                    opset=e.opset,
-                    progress=ctx.progress,
-                    twin=twin.graphs if twin is not None else None,
-                    # Full validation reads the graphs right back: keep them in the page cache then.
-                    direct=twin is not None or not e.validate_outputs,
-                    early=ctx.early,
-                )
-            else:
-                graphs = _export_torchscript(src, out, shape, e, ctx.progress)
-        except BaseException:
-            if twin is not None:
-                twin.cancel()
-            raise
-        checks, mode = [], "off"
+        validation = "off"
         if e.validate_outputs:
+            validation = "reduced" if _fp32_bytes(src) > FULL_VALIDATION_BYTES else "full"
+        options = ExportOptions.of(e, validation)
+        reduced = None
+        if validation == "reduced":
+            from dflash_cli.exporting.reduced import ReducedGraphs, ReducedPlan
+
+            (out / REDUCED_DIR).mkdir()
+            reduced = ReducedGraphs(src, out / REDUCED_DIR, ReducedPlan.of(src, pair), options)
+        if e.exporter == "dynamo":
+            import torch
+
+            from dflash_cli.exporting.graphs import export_pair
+
+            ctx.progress(f"tracing on the meta device and streaming {e.dtype} weights (opset {e.opset})")
+            # One torch thread: the writer and hasher threads take the other core (a second OpenMP thread
+            # mostly spun between conversions; benchmarks/results/scale/export-threads-s10.txt).
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+            try:
+                graphs = export_pair(src, out, shape, options, ctx.progress, reduced)
+            except BaseException:
+                shutil.rmtree(out / REDUCED_DIR, ignore_errors=True)
+                raise
+            finally:
+                torch.set_num_threads(threads)
+        else:
+            graphs = _export_torchscript(src, out, shape, e, ctx.progress)
+        checks: list = []
+        mode = "off"
+        if validation != "off":
             from dflash_cli.exporting.validate import validate_export
 
-            checks, mode = validate_export(src, out, shape, e, pair, twin=twin, progress=ctx.progress)
+            checks, mode = validate_export(src, out, shape, options, pair, reduced=reduced, progress=ctx.progress)
             (out / "validation.json").write_text(
                 json.dumps({"mode": mode, "checks": [c.to_dict() for c in checks]}, indent=2) + "\n"
             )

@@ -1,0 +1,123 @@
+"""The reduced model that validates a large pair's export: its first layers and vocabulary rows.
+
+Running the real graphs of a multi-gigabyte pair against PyTorch and Hugging Face would hold the
+model several times over. The reduced model keeps the first layers of target and draft and the first
+vocabulary rows of the same checkpoint, every other shape as built, so its memory does not grow with
+depth or vocabulary. Its static graphs are grown from the very layer the real export traced
+(replicate.py), copied to the reduced depth with the reduced weights and the embedding / lm_head cut
+to the reduced rows: validation checks the graph the real export is made of, copying included, at no
+second trace. A graph that cannot be grown that way is exported by tracing the reduced model itself
+(graphs.export_reduced).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dflash_cli.exporting.external_data import WrittenTensors
+from dflash_cli.exporting.names import WRAPPER_PREFIX
+from dflash_cli.exporting.replicate import grow_layers
+from dflash_cli.exporting.torch_to_onnx import lazy_weight, save_streamed
+
+# Three layers: the export grows graphs from one traced layer, and three check a copy reading a copy.
+LAYERS = 3
+VOCAB = 4096  # vocabulary rows kept; hidden size, heads, ctx_len and block stay as built
+VOCAB_OUTPUTS = ("logits", "draft_logits")  # graph outputs whose last axis is the vocabulary
+GRAPHS = ("target", "draft")  # the static graphs validation runs, in this order
+
+
+@dataclass(frozen=True)
+class ReducedPlan:
+    layers: int
+    draft_layers: int
+    rows: int
+    ids: list[int]
+
+    @classmethod
+    def of(cls, src: Path, pair: dict) -> ReducedPlan:
+        from dflash_cli.modeling.loading import draft_config, target_config
+
+        depth = target_config(src).num_hidden_layers
+        layers = min(depth, LAYERS)
+        # A tap of the last layer reads the final norm's output, any other a layer's own output: the
+        # reduced model keeps that distinction (its last layer for the former, the ones before for the rest).
+        return cls(
+            layers=layers,
+            draft_layers=min(draft_config(src).num_hidden_layers, LAYERS),
+            rows=min(pair["vocab_size"], VOCAB),
+            ids=[layers - 1 if i == depth - 1 else min(i, max(layers - 2, 0)) for i in pair["target_layer_ids"]],
+        )
+
+    def configs(self, src: Path):
+        from dflash_cli.modeling.loading import draft_config, target_config
+
+        return (
+            target_config(src, num_hidden_layers=self.layers, vocab_size=self.rows),
+            draft_config(src, num_hidden_layers=self.draft_layers),
+        )
+
+    def describe(self) -> str:
+        return (
+            f"reduced model: {self.layers} target / {self.draft_layers} draft layers, {self.rows} vocabulary rows, "
+            "all other shapes as built"
+        )
+
+
+@dataclass
+class ReducedGraphs:
+    """Grows the reduced model's `target.onnx` / `draft.onnx` into `where` as the real export traces them."""
+
+    src: Path
+    where: Path
+    plan: ReducedPlan
+    options: object  # options.ExportOptions
+    written: WrittenTensors = field(default_factory=WrittenTensors)  # the reduced graphs' own data files
+    made: set[str] = field(default_factory=set)
+    skipped: dict[str, str] = field(default_factory=dict)  # graph -> why it could not be grown
+
+    def grow(self, gname: str, template, store, rename) -> None:
+        """Write the reduced `gname`.onnx from the real export's one-layer `template` (left unchanged);
+        on any failure, note why (validation then traces the reduced model itself)."""
+        try:
+            self._grow(gname, template, store, rename)
+        except Exception as exc:  # noqa: BLE001 - the reduced model is then exported by a trace of its own
+            self.skipped[gname] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+    def _grow(self, gname: str, template, store, rename) -> None:
+        import onnx_ir as ir
+
+        from dflash_cli.exporting.graphs import layer_plan, weight_initializers
+        from dflash_cli.modeling.loading import build_draft, build_target
+
+        plan, logits, dtype = self.plan, self.options.logits, self.options.torch_dtype
+        tcfg, dcfg = plan.configs(self.src)
+        if gname == "target":
+            module = build_target(self.src, logits, cfg=tcfg, layer_ids=plan.ids, device="meta", dtype=dtype)
+        else:
+            module = build_draft(self.src, logits, cfg=dcfg, vocab=plan.rows, device="meta", dtype=dtype)
+        sources = weight_initializers(module, store, rename, dtype, plan.rows)  # vocabulary tensors cut to the rows
+        shapes = {name: tuple(p.shape) for name, p in module.named_parameters()}
+        reduced = template.clone()
+        by_graph_name = {}
+        for value in reduced.graph.initializers.values():
+            name = value.name.removeprefix(WRAPPER_PREFIX)
+            if name not in sources:
+                continue  # a constant of the graph (RoPE tables, masks): kept as traced
+            shape = shapes[name]
+            value.const_value = lazy_weight(sources[name], value.const_value.dtype, shape, name)
+            value.shape = ir.Shape(shape)
+            by_graph_name[value.name] = sources[name]
+        # Shapes recorded while tracing carry the real vocabulary: drop them inside the graph (ONNX
+        # Runtime infers them again) and cut the vocabulary axis of the outputs that have it.
+        outputs = set(reduced.graph.outputs)
+        for node in reduced.graph:
+            for v in node.outputs:
+                if v not in outputs:
+                    v.shape = None
+        for v in reduced.graph.outputs:
+            if v.name in VOCAB_OUTPUTS and v.shape is not None:
+                v.shape = ir.Shape([*list(v.shape)[:-1], plan.rows])
+        grow_layers(reduced, layer_plan(gname, module), sources, by_graph_name)
+        save_streamed(reduced, self.where / f"{gname}.onnx", by_graph_name, self.written, digest=False)
+        self.made.add(gname)
