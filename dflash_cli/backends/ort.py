@@ -14,6 +14,7 @@ import numpy as np
 
 from dflash_cli.backends.base import is_cache_input, retained_name
 from dflash_cli.errors import BackendError
+from dflash_cli.ort_threads import apply_thread_pool
 
 _OPT_LEVELS = {
     "disable": "ORT_DISABLE_ALL",
@@ -29,42 +30,6 @@ class OrtSettings:
     graph_optimization: str = "all"
     provider: str = "auto"  # auto | cpu | cuda
     allow_spinning: bool = False  # see OrtConfig.allow_spinning
-
-
-# ONNX Runtime's global thread pools: one set of intra-op threads for every session in the process.
-# Target and draft then take turns on the same (spinning) threads instead of two pools fighting for
-# two cores (demo pair, 16 prompts, alternating processes: plain 1.7-1.9x, DFlash 1.2-1.4x faster than
-# with a pool per session; benchmarks/results/ort-runtime/demo-thread-pool-decode.txt). Once on, every
-# session in the process must use it, so the switch is process-wide and made before the engine's
-# sessions open.
-SHARED_POOL_ALLOWED = True  # a process that opens ONNX Runtime sessions of its own (the tests) turns this off
-_shared_pool = False
-
-
-def use_shared_thread_pool(threads: int = 0) -> bool:
-    """Turn ONNX Runtime's global intra-op pool on for this process (`threads`: 0 = one per core).
-    Returns whether every session opened from now on shares it."""
-    global _shared_pool
-    if _shared_pool or not SHARED_POOL_ALLOWED:
-        return _shared_pool
-    from onnxruntime.capi import _pybind_state
-
-    try:
-        _pybind_state.set_global_thread_pool_sizes(threads, 1)
-    except Exception:  # created already by other code in this process: keep per-session pools
-        return False
-    _shared_pool = True
-    return True
-
-
-def shared_thread_pool() -> bool:
-    return _shared_pool
-
-
-def apply_thread_pool(opts) -> None:
-    """Sessions must use the global pool once it exists (ONNX Runtime refuses per-session ones then)."""
-    if _shared_pool:
-        opts.use_per_session_threads = False
 
 
 def resolve_provider(requested: str) -> str:
@@ -95,6 +60,20 @@ def session_options(settings: OrtSettings, initializers: dict | None = None):
     opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if settings.allow_spinning else "0")
     apply_thread_pool(opts)  # allow_spinning configures per-session pools; the shared one keeps ORT's default (spin)
     return opts
+
+
+def cpu_session(onnx_path: Path, name: str, kind: str, settings: OrtSettings | None, initializers: dict | None):
+    """(provider, InferenceSession) for a graph whose KV cache lives in host memory: CPU provider only."""
+    import onnxruntime as ort
+
+    provider = resolve_provider((settings or OrtSettings()).provider)
+    if provider != "CPUExecutionProvider":
+        raise BackendError(
+            f"the {kind} {name} graph runs on the CPU provider only (its KV cache lives in host memory)",
+            hint="open the static graph for other providers",
+        )
+    opts = session_options(settings or OrtSettings(), initializers)
+    return provider, ort.InferenceSession(str(onnx_path), sess_options=opts, providers=[provider])
 
 
 class OrtSession:

@@ -17,8 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from dflash_cli.backends.base import is_cache_input
-from dflash_cli.backends.ort import OrtSettings
-from dflash_cli.backends.ort_prefix import cpu_session
+from dflash_cli.backends.ort import OrtSettings, cpu_session
 from dflash_cli.backends.single_row import first_row, pad_single_row
 from dflash_cli.errors import BackendError
 

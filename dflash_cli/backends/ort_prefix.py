@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from dflash_cli.backends.base import is_cache_input
-from dflash_cli.backends.ort import OrtSettings, resolve_provider, session_options
+from dflash_cli.backends.ort import OrtSettings, cpu_session
+from dflash_cli.backends.ort_kv_inplace import OrtInPlaceKvSession, is_in_place_graph
 from dflash_cli.backends.single_row import first_row, pad_single_row
 from dflash_cli.errors import BackendError
 
@@ -37,24 +38,8 @@ def is_prefix_graph(onnx_path: Path) -> bool:
 def open_prefix_session(onnx_path: Path, name: str, ctx_len: int, settings=None, initializers=None):
     """The session a compiled prefix-cache graph needs: in-place KV buffers where the compile stage rewrote
     its attention (ortcompile/gqa.py), else host-stored K/V (this module)."""
-    from dflash_cli.backends.ort_kv_inplace import OrtInPlaceKvSession, is_in_place_graph
-
     cls = OrtInPlaceKvSession if is_in_place_graph(onnx_path) else OrtPrefixSession
     return cls(onnx_path, name, ctx_len, settings, initializers)
-
-
-def cpu_session(onnx_path: Path, name: str, kind: str, settings: OrtSettings | None, initializers: dict | None):
-    """(provider, InferenceSession) for a graph whose KV cache lives in host memory: CPU provider only."""
-    import onnxruntime as ort
-
-    provider = resolve_provider((settings or OrtSettings()).provider)
-    if provider != "CPUExecutionProvider":
-        raise BackendError(
-            f"the {kind} {name} graph runs on the CPU provider only (its KV cache lives in host memory)",
-            hint="open the static graph for other providers",
-        )
-    opts = session_options(settings or OrtSettings(), initializers)
-    return provider, ort.InferenceSession(str(onnx_path), sess_options=opts, providers=[provider])
 
 
 class OrtPrefixSession:
