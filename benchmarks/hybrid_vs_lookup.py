@@ -24,14 +24,16 @@ def main() -> None:
         for line in f:
             row = json.loads(line)
             res = row.get("results")
-            if isinstance(res, dict) and "hybrid" in res and "pld" in res and res["hybrid"]["decode_s"] > 0:
+            if isinstance(res, dict) and "pld" in res:  # logs written before the rename call lookup "pld"
+                res["lookup"] = res.pop("pld")
+            if isinstance(res, dict) and "hybrid" in res and "lookup" in res and res["hybrid"]["decode_s"] > 0:
                 rows.append(res)
     rows = rows[-args.last :] if args.last else rows
     if len(rows) < 2:
-        raise SystemExit("need at least two samples that ran both pld and hybrid (bench --modes pld,hybrid)")
-    logs = [math.log(r["pld"]["decode_s"] / r["hybrid"]["decode_s"]) for r in rows]
+        raise SystemExit("need at least two samples that ran both lookup and hybrid (bench --modes lookup,hybrid)")
+    logs = [math.log(r["lookup"]["decode_s"] / r["hybrid"]["decode_s"]) for r in rows]
     mean, se = statistics.mean(logs), statistics.stdev(logs) / math.sqrt(len(logs))
-    total = sum(r["pld"]["decode_s"] for r in rows) / sum(r["hybrid"]["decode_s"] for r in rows)
+    total = sum(r["lookup"]["decode_s"] for r in rows) / sum(r["hybrid"]["decode_s"] for r in rows)
     low, high = math.exp(mean - 1.96 * se), math.exp(mean + 1.96 * se)
     print(
         f"hybrid vs prompt lookup (decode speed): total-time ratio {total:.3f}, "

@@ -67,7 +67,7 @@ def test_json_is_one_document_on_stdout(tmp_path: Path, dataset: Path, built: li
     result = _invoke(*_base(tmp_path, dataset), "--json", "--output", str(tmp_path / "out" / "doc.json"))
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
-    assert doc["dataset"]["n_samples"] == 3 and doc["schema_version"] == 1
+    assert doc["dataset"]["n_samples"] == 3 and doc["schema_version"] == 2
     assert json.loads((tmp_path / "out" / "doc.json").read_text()) == doc
     log = tmp_path / "cache" / "bench" / "demo-prompts-b4.jsonl"
     assert built[1]["cache_root"] == tmp_path / "cache"

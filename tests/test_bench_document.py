@@ -37,7 +37,8 @@ def test_top_level_fields() -> None:
         "dataset",
         "baseline",
         "dflash",
-        "pld",
+        "lookup",
+        "pld",  # schema 2: lookup's section again under its schema-1 name
         "decode_speedup",
         "decode_speedup_median",
         "mean_acceptance_length",
@@ -67,7 +68,8 @@ def test_top_level_fields() -> None:
         "completed",
         "duration",
     }
-    assert doc["schema_version"] == 1
+    assert doc["schema_version"] == 2
+    assert doc["pld"] is doc["lookup"]
     json.dumps(doc, allow_nan=False)  # strict JSON: no NaN/inf sneaks in
 
 
@@ -90,11 +92,11 @@ def test_environment_and_dataset() -> None:
 
 def test_mode_sections_and_values() -> None:
     doc = _doc()
-    for section in ("baseline", "dflash", "pld"):
+    for section in ("baseline", "dflash", "lookup"):
         for key in ("decode_tokens_per_s", "tpot_s", "ttft_s", "mean_acceptance_length", "repetition_rate"):
             assert key in doc[section], (section, key)
     for key in ("acceptance_histogram", "per_position_acceptance", "decode_speedup"):
-        assert key in doc["dflash"] and key in doc["pld"]
+        assert key in doc["dflash"] and key in doc["lookup"]
     # fake: 12 decode tokens per sample; plain 2 ms/token; dflash accepts 4,3,1,2,2 -> 5 steps of 3 ms
     assert doc["baseline"]["tpot_s"] == pytest.approx(0.002)
     assert doc["dflash"]["tpot_s"] == pytest.approx(0.015 / 12)
@@ -102,11 +104,11 @@ def test_mode_sections_and_values() -> None:
     assert doc["mean_acceptance_length"] == pytest.approx(12 / 5)
     assert doc["acceptance_histogram"]["counts"] == [4, 8, 4, 4]
     assert doc["per_position_acceptance"] == pytest.approx([16 / 20, 8 / 16, 4 / 8])
-    # pld accepts 1,2 repeating: 8 steps per sample
-    assert doc["pld"]["mean_acceptance_length"] == pytest.approx(12 / 8)
+    # lookup accepts 1,2 repeating: 8 steps per sample
+    assert doc["lookup"]["mean_acceptance_length"] == pytest.approx(12 / 8)
     # every sample has the same steps, so averaging per sample first changes nothing here
     assert doc["dflash"]["mean_acceptance_length_per_sample"] == pytest.approx(12 / 5)
-    assert doc["pld"]["decode_speedup"] == pytest.approx(0.002 / (0.024 / 12))
+    assert doc["lookup"]["decode_speedup"] == pytest.approx(0.002 / (0.024 / 12))
     assert doc["baseline"]["ttft_s"] == pytest.approx(0.010)
 
 
@@ -130,19 +132,19 @@ def test_decomposition() -> None:
 
 def test_repetition_and_lossless_sections() -> None:
     doc = _doc()
-    assert set(doc["repetition_rate"]) == {"median", "plain", "dflash", "pld"}
+    assert set(doc["repetition_rate"]) == {"median", "plain", "dflash", "lookup"}
     assert doc["lossless"] == {"checked": True, "mismatches": []}
-    bad = _doc(mismatch={"pld": 3})
+    bad = _doc(mismatch={"lookup": 3})
     first = bad["lossless"]["mismatches"][0]
     assert first == {
         "sample_id": "s0",
         "turn": 0,
-        "mode": "pld",
+        "mode": "lookup",
         "position": 3,
         "expected": first["expected"],
         "got": first["expected"] + 1,
     }
-    with pytest.raises(LosslessError, match="pld output differs.*sample 's0' at generated token 3"):
+    with pytest.raises(LosslessError, match="lookup output differs.*sample 's0' at generated token 3"):
         check_lossless(bad)
 
 

@@ -1,7 +1,7 @@
 """A scripted stand-in for dflash_cli.decoding.engine.Engine, shared by the bench tests.
 
 Tokens depend only on the prompt ids, so every lossless mode returns plain's tokens; DFlash and
-PLD replay scripted accept lengths and timings. `generate` calls are counted for resume tests.
+prompt lookup replay scripted accept lengths and timings. `generate` calls are counted for resume tests.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ class FakeEngine:
         *,
         block_size: int = 4,
         dflash_accepts: tuple[int, ...] = (4, 3, 1, 2),
-        pld_accepts: tuple[int, ...] = (1, 2),
+        lookup_accepts: tuple[int, ...] = (1, 2),
         mismatch: dict[str, int] | None = None,  # sample-independent: {"dflash": position}
         interrupt_after: int | None = None,  # raise KeyboardInterrupt at this generate call (0-based)
         chat_template: str | None = None,
@@ -31,7 +31,7 @@ class FakeEngine:
         self.artifact_keys = {"convert": "k1", "export": "k2"}
         self.provider = "CPUExecutionProvider"
         self.weight_bytes = {"target": 2_000_000_000, "draft": 500_000_000}
-        self.accepts = {"dflash": dflash_accepts, "pld": pld_accepts}
+        self.accepts = {"dflash": dflash_accepts, "lookup": lookup_accepts}
         self.mismatch = mismatch or {}
         self.interrupt_after = interrupt_after
         self.stop_token = stop_token

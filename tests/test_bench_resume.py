@@ -36,7 +36,7 @@ def test_log_holds_header_and_one_line_per_turn(tmp_path: Path) -> None:
     assert header["settings"]["artifact_keys"] == {"convert": "k1", "export": "k2"}
     records = _records(path)
     assert _keys(path) == [(s.id, 0) for s in SAMPLES]
-    assert set(records[0]["results"]) == {"plain", "dflash", "pld"}
+    assert set(records[0]["results"]) == {"plain", "dflash", "lookup"}
     assert records[0]["results"]["dflash"]["accept_lengths"]
 
 

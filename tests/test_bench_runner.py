@@ -21,7 +21,7 @@ def test_modes_run_back_to_back_with_alternating_order() -> None:
     engine = FakeEngine()
     run_bench(engine, SAMPLES[:2], SETTINGS)
     modes = [mode for _, mode in engine.calls]
-    assert modes == ["plain", "dflash", "pld", "pld", "dflash", "plain"]
+    assert modes == ["plain", "dflash", "lookup", "lookup", "dflash", "plain"]
     # every mode of a sample sees the same prompt ids
     assert len({ids for ids, _ in engine.calls[:3]}) == 1
     assert len({ids for ids, _ in engine.calls[3:]}) == 1

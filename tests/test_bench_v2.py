@@ -70,7 +70,7 @@ def test_repeat_records_every_repetition_and_warmup_is_discarded(tmp_path: Path)
     assert [(r.sample_id, r.rep) for r in result.records[:3]] == [("s0", 0), ("s0", 1), ("s0", 2)]
     # The mode order alternates between repetitions of a sample too.
     first = [mode for _, mode in engine.calls[6:15]]
-    assert first == ["plain", "dflash", "pld", "pld", "dflash", "plain", "plain", "dflash", "pld"]
+    assert first == ["plain", "dflash", "lookup", "lookup", "dflash", "plain", "plain", "dflash", "lookup"]
     doc = build_document(result, env={})
     assert doc["dflash"]["tpot_ms_spread"]["n"] == 12
     assert doc["dflash"]["completed"] == 12 and doc["settings"]["repeat"] == 3

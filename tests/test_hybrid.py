@@ -239,7 +239,9 @@ def test_run_mode_option(qwen3_engine):
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["mode"] == "hybrid"
     res = _run(qwen3_engine, "-p", "x", "--max-new-tokens", "4", "--mode", "lookup", "--json")
-    assert json.loads(res.stdout)["mode"] == "pld"
+    assert json.loads(res.stdout)["mode"] == "lookup"
+    res = _run(qwen3_engine, "-p", "x", "--max-new-tokens", "4", "--mode", "pld", "--json")  # lookup's old name
+    assert json.loads(res.stdout)["mode"] == "lookup"
     res = _run(qwen3_engine, "-p", "x", "--mode", "hybird")
     assert res.exit_code == 2 and "hybrid" in res.stderr
 
@@ -257,7 +259,7 @@ def test_bench_reports_hybrid_with_its_source_split(qwen3_engine, tmp_path):
     data.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["a b a b a b", "def f(x):", "1 2 3 1 2 3"]))
     recipe, cache = str(qwen3_engine.recipe.source), str(qwen3_engine.compile_dir.parents[2])
     args = ["bench", "-r", recipe, "--cache-dir", cache, "--dataset", str(data), "--max-new-tokens", "16"]
-    res = CliRunner().invoke(create_app(), [*args, "--modes", "plain,dflash,pld,hybrid", "--json"])
+    res = CliRunner().invoke(create_app(), [*args, "--modes", "plain,dflash,lookup,hybrid", "--json"])
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     hybrid = doc["hybrid"]
@@ -272,3 +274,39 @@ def test_bench_reports_hybrid_with_its_source_split(qwen3_engine, tmp_path):
     assert len(histogram["lengths"]) >= block and sum(histogram["counts"]) == hybrid["steps"]
     assert len(hybrid["per_position_acceptance"]) == len(histogram["lengths"]) - 1
     assert doc["lossless"]["mismatches"] == []
+
+
+def test_every_proposer_implements_the_one_protocol():
+    """DFlash draft, prompt lookup and hybrid are Proposers with one `propose` signature; the optional members
+    have the protocol's defaults where a proposer has nothing to say."""
+    import inspect
+
+    from dflash_cli.decoding.hybrid import HybridProposer
+    from dflash_cli.decoding.loops import DFlashProposer, LookupProposer
+    from dflash_cli.decoding.proposer import Proposer
+
+    dflash = DFlashProposer(types.SimpleNamespace(calls=0, seconds=0.0), 4, 0, 8)
+    lookup = LookupProposer(PromptLookupDrafter(4))
+    hybrid = HybridProposer(dflash, 4)
+    signature = inspect.signature(Proposer.propose)
+    for proposer in (dflash, lookup, hybrid):
+        assert isinstance(proposer, Proposer) and proposer.longest == 4
+        assert inspect.signature(type(proposer).propose) == signature, type(proposer)
+    assert lookup.draft is None and list(lookup.sources) == [] and list(dflash.sources) == []
+    assert hybrid.draft is dflash.draft and hybrid.sources == []
+    assert (dflash.mode, lookup.mode, hybrid.mode) == ("dflash", "lookup", "hybrid")
+    assert lookup.propose([1, 2, 3, 1, 2], 2, 4, 4) == [3, 1, 2]
+    assert not isinstance(object(), Proposer)
+
+
+def test_engine_generates_every_mode_and_the_old_name(qwen3_engine):
+    from dflash_cli.decoding.modes import ALIASES, MODES
+    from dflash_cli.errors import GenerationError
+
+    prompt = [5, 6, 7, 5, 6, 7, 5]
+    plain = qwen3_engine.generate(prompt, mode="plain", max_new_tokens=6)
+    for mode in (*MODES, *ALIASES):
+        res = qwen3_engine.generate(prompt, mode=mode, max_new_tokens=6)
+        assert res.mode == ALIASES.get(mode, mode) and res.tokens == plain.tokens, mode
+    with pytest.raises(GenerationError, match="unknown mode"):
+        qwen3_engine.generate(prompt, mode="pldx", max_new_tokens=6)

@@ -46,10 +46,10 @@ def test_dflash_equals_plain_equals_hf(family, request):
     for i, prompt in enumerate(_prompts(vocab, seed=1 if family == "qwen3" else 2)):
         plain = engine.generate(prompt, mode="plain", max_new_tokens=MAX_NEW)
         dflash = engine.generate(prompt, mode="dflash", max_new_tokens=MAX_NEW)
-        pld = engine.generate(prompt, mode="pld", max_new_tokens=MAX_NEW)
+        lookup = engine.generate(prompt, mode="lookup", max_new_tokens=MAX_NEW)
         hf = _hf_greedy(pair.target_dir, prompt, engine.eos_token_ids)
         assert dflash.tokens == plain.tokens, f"prompt {i}: dflash differs from plain"
-        assert pld.tokens == plain.tokens, f"prompt {i}: prompt lookup differs from plain"
+        assert lookup.tokens == plain.tokens, f"prompt {i}: prompt lookup differs from plain"
         assert plain.tokens == hf, f"prompt {i}: plain differs from Hugging Face generate"
         assert sum(dflash.accept_lengths) >= len(dflash.tokens) - 1
         assert all(1 <= a <= engine.block_size for a in dflash.accept_lengths)

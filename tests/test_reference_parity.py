@@ -17,8 +17,8 @@ class Recording(DFlashProposer):
         super().__init__(*args)
         self.proposals = []
 
-    def propose(self, history, last, pos):
-        d = super().propose(history, last, pos)
+    def propose(self, history, last, pos, limit):
+        d = super().propose(history, last, pos, limit)
         self.proposals.append(d)
         return d
 

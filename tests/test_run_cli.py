@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+import typer
 from typer.testing import CliRunner
 
 from dflash_cli.cli.app import create_app
@@ -85,3 +87,13 @@ def test_qaic_backend_without_sdk(qwen3_engine, monkeypatch, tmp_path):
     res = runner.invoke(create_app(), ["build", "-r", recipe, "--cache-dir", cache, "--set", "compile.backend=qaic"])
     assert res.exit_code == 1
     assert "QAIC SDK not found" in res.stderr and "--emit-script" in res.stderr
+
+
+def test_mode_option_takes_every_mode_and_the_old_name():
+    from dflash_cli.cli.run import resolve_mode
+    from dflash_cli.decoding.modes import ALIASES, MODES
+
+    assert [resolve_mode(m) for m in MODES] == list(MODES)
+    assert resolve_mode("pld") == "lookup" == ALIASES["pld"] and resolve_mode(None) is None
+    with pytest.raises(typer.BadParameter, match="did you mean 'lookup'"):
+        resolve_mode("lokup")

@@ -13,9 +13,12 @@ import math
 from pathlib import Path
 from typing import Any
 
+from dflash_cli.bench.document import upgrade_document
+from dflash_cli.decoding.modes import MODES_INFO
 from dflash_cli.errors import DFlashError
 
 # (label, mode section, value key, spread kind): "ci" = the mode's bootstrap interval, "se" = *_spread stats.
+# DFlash in detail, then every other speculative mode's speedup.
 HEADLINE = (
     ("plain decode tok/s", "baseline", "decode_tokens_per_s", ("se", "decode_tokens_per_s_spread")),
     ("dflash decode tok/s", "dflash", "decode_tokens_per_s", ("se", "decode_tokens_per_s_spread")),
@@ -23,8 +26,11 @@ HEADLINE = (
     ("dflash tau", "dflash", "mean_acceptance_length", None),
     ("dflash TPOT ms (mean)", "dflash", "mean_tpot_ms", ("se", "tpot_ms_spread")),
     ("dflash TTFT ms (mean)", "dflash", "mean_ttft_ms", ("se", "ttft_ms_spread")),
-    ("prompt lookup speedup", "pld", "decode_speedup", ("ci", None)),
-    ("hybrid speedup", "hybrid", "decode_speedup", ("ci", None)),
+    *(
+        (f"{m.label} speedup", m.name, "decode_speedup", ("ci", None))
+        for m in MODES_INFO
+        if m.speculative and m.name != "dflash"
+    ),
 )
 
 
@@ -42,7 +48,7 @@ def load_documents(paths: list[Path]) -> list[dict[str, Any]]:
             raise DFlashError(f"cannot read {path} as JSON: {exc}", hint=hint) from None
         if not isinstance(doc, dict) or "schema_version" not in doc:
             raise DFlashError(f"{path} is not a dflash bench document", hint=hint)
-        docs.append(doc)
+        docs.append(upgrade_document(doc))  # a schema-1 document names lookup "pld"
     return docs
 
 

@@ -1,8 +1,15 @@
-"""The bench's JSON document (schema_version 1): the numbers CI reads, and the tables render.
+"""The bench's JSON document (schema_version 2): the numbers CI reads, and the tables render.
 
 Field names follow what the field already uses (`mean_acceptance_length`, `acceptance_histogram`,
 `decode_speedup`). Times are seconds (`*_s`); rates are per second. A value that cannot be
 measured in a run (e.g. a speedup without the plain baseline) is null rather than absent.
+
+Each mode's summary is a top-level section named after the mode (decoding/modes.py), plain's being
+"baseline". Schema 2 renamed prompt lookup from "pld" to "lookup" everywhere (its section, the keys of
+`repetition_rate` and `decomposition.weight_bandwidth_gb_s`, `settings.modes`, mismatches' `mode`);
+nothing else changed from schema 1. Alias: schema 2 still writes the lookup section under "pld" too (the
+same object), for readers of schema 1; schema 3 drops it. `upgrade_document` reads a schema-1
+document's "pld" as "lookup".
 """
 
 from __future__ import annotations
@@ -16,10 +23,21 @@ from dflash_cli.bench.environment import environment
 from dflash_cli.bench.runner import BASELINE_MODE, BenchResult
 from dflash_cli.bench.spread import bootstrap, spread
 from dflash_cli.bench.vllm_fields import latency_fields, spec_decode_fields
+from dflash_cli.decoding.modes import ALIASES, MODES, MODES_INFO, SPECULATIVE_MODES, mode_info
 from dflash_cli.decoding.result import GenerationResult
 
-SCHEMA_VERSION = 1  # fields are only ever added within a version
-SPECULATIVE_MODES = ("dflash", "pld", "hybrid")
+SCHEMA_VERSION = 2  # fields are only ever added within a version
+PLD_ALIAS = "pld"  # schema 2 only: the lookup section's schema-1 key, see above
+
+
+def section_key(mode: str) -> str:
+    """The top-level key of a mode's summary: the mode's name, plain's being "baseline"."""
+    return "baseline" if mode == BASELINE_MODE else mode
+
+
+# (section, label) of every section that holds one mode's numbers, in report order; "endpoint" is what
+# `dflash bench --endpoint` measured (a server, whatever it runs).
+MODE_SECTIONS = (*((section_key(m.name), m.label) for m in MODES_INFO), ("endpoint", "endpoint"))
 
 
 def build_document(result: BenchResult, *, env: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -54,9 +72,8 @@ def build_document(result: BenchResult, *, env: dict[str, Any] | None = None) ->
             "sample_ids": list(result.sample_ids),
         },
         "baseline": summaries.get(BASELINE_MODE),
-        "dflash": dflash,
-        "pld": summaries.get("pld"),
-        "hybrid": summaries.get("hybrid"),
+        **{mode: summaries.get(mode) for mode in SPECULATIVE_MODES},
+        PLD_ALIAS: summaries.get("lookup"),
         "decode_speedup": dflash["decode_speedup"] if dflash else None,
         "decode_speedup_median": dflash["decode_speedup_median"] if dflash else None,
         "mean_acceptance_length": dflash["mean_acceptance_length"] if dflash else None,
@@ -184,12 +201,10 @@ def decomposition(result: BenchResult, by_mode: dict[str, list[GenerationResult]
     tau = metrics.mean_acceptance_length(dflash)
     ceiling = metrics.ceiling_speedup(tau, t1, t_verify, t_draft) if None not in (t1, t_verify, t_draft) else None
     bandwidth: dict[str, float] = {"dflash": metrics.weight_bandwidth_gb_s(dflash, target_bytes + draft_bytes)}
-    if baseline is not None:
-        bandwidth[BASELINE_MODE] = metrics.weight_bandwidth_gb_s(baseline, target_bytes)
-    if "pld" in by_mode:
-        bandwidth["pld"] = metrics.weight_bandwidth_gb_s(by_mode["pld"], target_bytes)
-    if "hybrid" in by_mode:  # lookup steps skip the draft, so this overstates what the hybrid reads
-        bandwidth["hybrid"] = metrics.weight_bandwidth_gb_s(by_mode["hybrid"], target_bytes + draft_bytes)
+    for mode in MODES:
+        if mode != "dflash" and mode in by_mode:  # the hybrid's lookup steps skip the draft: this overstates it
+            read = target_bytes + (draft_bytes if mode_info(mode).uses_draft else 0)
+            bandwidth[mode] = metrics.weight_bandwidth_gb_s(by_mode[mode], read)
     return {
         "block_size": result.block_size,
         "t1_s": t1,
@@ -244,3 +259,13 @@ def _sweep_row(block_size: int, doc: dict[str, Any]) -> dict[str, Any]:
         "t_verify_s": decomposition_.get("t_verify_s"),
         "lossless_mismatches": len(doc["lossless"]["mismatches"]),
     }
+
+
+def upgrade_document(doc: dict[str, Any]) -> dict[str, Any]:
+    """A document of any schema with its mode sections under the current names (a schema-1 document's
+    "pld" section read as "lookup"); the document itself is left as it was."""
+    doc = dict(doc)
+    for old, name in ALIASES.items():
+        if doc.get(name) is None and doc.get(old) is not None:
+            doc[name] = doc[old]
+    return doc

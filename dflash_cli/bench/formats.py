@@ -6,13 +6,8 @@ import csv
 import io
 from typing import Any
 
-MODE_KEYS = (
-    ("baseline", "plain"),
-    ("dflash", "dflash"),
-    ("pld", "prompt lookup"),
-    ("hybrid", "hybrid"),
-    ("endpoint", "endpoint"),
-)
+from dflash_cli.bench.document import MODE_SECTIONS
+
 COLUMNS = (
     "mode",
     "decode_tok_s",
@@ -32,7 +27,7 @@ COLUMNS = (
 
 def mode_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
-    for key, label in MODE_KEYS:
+    for key, label in MODE_SECTIONS:
         s = doc.get(key)
         if not s:
             continue

@@ -24,8 +24,9 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from dflash_cli.bench.document import build_document, build_sweep_document
+from dflash_cli.bench.document import MODE_SECTIONS, build_document, build_sweep_document
 from dflash_cli.bench.runner import BenchProgress
+from dflash_cli.decoding.modes import SPECULATIVE_MODES
 
 __all__ = [
     "LiveProgress",
@@ -34,13 +35,7 @@ __all__ = [
     "report_renderables",
 ]
 
-_MODE_LABELS = {
-    "baseline": "plain",
-    "dflash": "dflash",
-    "pld": "prompt lookup",
-    "hybrid": "hybrid",
-    "endpoint": "endpoint",
-}
+_MODE_LABELS = dict(MODE_SECTIONS)
 _BAR_WIDTH = 24
 
 
@@ -51,7 +46,7 @@ def _num(value: float | None, fmt: str, scale: float = 1.0, suffix: str = "") ->
 def report_renderables(doc: dict[str, Any]) -> list[RenderableType]:
     """Summary, acceptance histogram, per-position acceptance, decomposition, sweep and lossless status."""
     parts: list[RenderableType] = [summary_table(doc)]
-    spec_modes = [m for m in ("dflash", "pld", "hybrid") if doc.get(m)]
+    spec_modes = [m for m in SPECULATIVE_MODES if doc.get(m)]
     if spec_modes:
         parts.append(histogram_table(doc, spec_modes))
         parts.append(position_table(doc, spec_modes))

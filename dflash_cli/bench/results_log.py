@@ -16,9 +16,12 @@ import re
 from pathlib import Path
 from typing import Any, TextIO
 
+from dflash_cli.decoding.modes import canonical as canonical_mode
 from dflash_cli.decoding.result import GenerationResult
 from dflash_cli.errors import DFlashError
 
+# Logs written before the mode renames (decoding/modes.py ALIASES: lookup was "pld") are schema 1 too:
+# they are read with every mode under its current name, so such a run still resumes.
 LOG_SCHEMA_VERSION = 1
 
 TurnKey = tuple[str, int, int]  # (sample id, turn index, repetition)
@@ -35,6 +38,19 @@ def default_results_path(cache_root: Path, recipe: str, dataset: str, block_size
 def result_from_dict(data: dict[str, Any]) -> GenerationResult:
     """Inverse of GenerationResult.to_dict(): derived fields (tau, new_tokens, ...) are dropped."""
     return GenerationResult(**{k: v for k, v in data.items() if k in _RESULT_FIELDS})
+
+
+def _current_modes(record: dict[str, Any]) -> dict[str, Any]:
+    """A turn record with its results keyed (and their `mode` named) by the modes' current names."""
+    results = record.get("results")
+    if not isinstance(results, dict):
+        return record
+    renamed = {}
+    for mode, data in results.items():
+        if isinstance(data, dict) and "mode" in data:
+            data = {**data, "mode": canonical_mode(data["mode"])}
+        renamed[canonical_mode(mode)] = data
+    return {**record, "results": renamed}
 
 
 def _canonical(value: Any) -> Any:
@@ -111,11 +127,14 @@ class ResultsLog:
                 f"{self.path} is not a dflash bench results file of schema {LOG_SCHEMA_VERSION}",
                 hint="pass another --results file, or run without --resume to overwrite it",
             )
-        turns = [r for r in records if r.get("type") == "turn"]
+        turns = [_current_modes(r) for r in records if r.get("type") == "turn"]
         for record in turns:
             if not isinstance(record.get("sample_id"), str) or not isinstance(record.get("turn"), int):
                 raise DFlashError(f"{self.path}: a result line lacks sample_id/turn", hint="run without --resume")
-        return header.get("settings", {}), turns, good_bytes
+        settings = dict(header.get("settings", {}))
+        if isinstance(settings.get("modes"), list):
+            settings["modes"] = [canonical_mode(m) for m in settings["modes"]]
+        return settings, turns, good_bytes
 
     def _parse(self, lineno: int, line: str) -> dict[str, Any]:
         try:

@@ -1,4 +1,5 @@
-"""Run plain decoding, DFlash and prompt lookup on the same prompts, interleaved sample by sample.
+"""Run plain decoding and the speculative modes (decoding/modes.py) on the same prompts, interleaved
+sample by sample.
 
 Every mode runs back-to-back on the same prompt ids, so machine noise (thermal state, other
 processes) hits them alike; the mode order is reversed on odd samples so no mode always runs
@@ -20,11 +21,11 @@ from typing import Any
 from dflash_cli.bench.conversation import History, encode_turn, reply_text
 from dflash_cli.bench.datasets import Sample
 from dflash_cli.bench.results_log import ResultsLog, TurnKey, result_from_dict
+from dflash_cli.decoding.modes import MODES, canonical
 from dflash_cli.decoding.result import GenerationResult
 from dflash_cli.errors import DFlashError
 
-MODES = ("plain", "dflash", "pld", "hybrid")
-DEFAULT_MODES = ("plain", "dflash", "pld")
+DEFAULT_MODES = ("plain", "dflash", "lookup")
 BASELINE_MODE = "plain"
 
 
@@ -260,7 +261,7 @@ def _comparable_engine_facts(info: dict[str, Any]) -> dict[str, Any]:
 
 
 def _validate_modes(modes: Sequence[str]) -> tuple[str, ...]:
-    modes = tuple(modes)
+    modes = tuple(canonical(m) for m in modes)  # an old name ("pld") runs, and is logged, as its mode
     unknown = [m for m in modes if m not in MODES]
     if not modes or unknown or len(set(modes)) != len(modes):
         raise DFlashError(

@@ -25,6 +25,7 @@ from dflash_cli.cli.common import (
     print_json,
     show_settings,
 )
+from dflash_cli.decoding.modes import ALIASES, MODES
 from dflash_cli.errors import DFlashError
 from dflash_cli.recipe import DEFAULT_RECIPE
 
@@ -44,7 +45,7 @@ Each finished sample is appended to a JSONL results file; --resume skips the fin
 stddev, speedups with a 95% bootstrap interval over samples. `dflash bench compare A.json B.json` puts \
 --output documents side by side. --endpoint URL benchmarks any OpenAI-compatible server instead.
 
-Exit codes: 0 ok, 1 error, 3 lossless mismatch (greedy DFlash/PLD output differed from plain), \
+Exit codes: 0 ok, 1 error, 3 lossless mismatch (a speculative mode's greedy output differed from plain), \
 4 a --min-speedup / --min-tau floor was not met.
 """
 
@@ -86,7 +87,12 @@ TemperatureOpt = Annotated[
 TopKOpt = Annotated[int, typer.Option("--top-k", min=0, help="Top-k sampling (0 = off).")]
 TopPOpt = Annotated[float, typer.Option("--top-p", min=0.0, max=1.0, help="Top-p sampling (1 = off).")]
 ModesOpt = Annotated[
-    str, typer.Option("--modes", help="Comma-separated modes among plain,dflash,pld,hybrid (plain is the baseline).")
+    str,
+    typer.Option(
+        "--modes",
+        help=f"Comma-separated modes among {','.join(MODES)} (plain is the baseline; "
+        f"{', '.join(f'{old} = {new}' for old, new in ALIASES.items())}, an old name).",
+    ),
 ]
 OutputOpt = Annotated[Path | None, typer.Option("--output", "-o", help="Also write the JSON document to FILE.")]
 ResultsOpt = Annotated[
@@ -174,7 +180,7 @@ def bench_command(
     temperature: TemperatureOpt = 0.0,
     top_k: TopKOpt = 0,
     top_p: TopPOpt = 1.0,
-    modes: ModesOpt = "plain,dflash,pld",
+    modes: ModesOpt = "plain,dflash,lookup",
     json_: JsonOpt = False,
     output: OutputOpt = None,
     results: ResultsOpt = None,
@@ -346,7 +352,7 @@ def _bench_endpoint(
 ) -> dict[str, Any]:
     """Run the dataset against a server; with a recipe, build it and check greedy text against plain decoding."""
     from dflash_cli.bench.datasets import dataset_name
-    from dflash_cli.bench.document import LATENCY_KEYS, _now, tool_commit
+    from dflash_cli.bench.document import LATENCY_KEYS, SCHEMA_VERSION, _now, tool_commit
     from dflash_cli.bench.endpoint import Endpoint, run_endpoint
 
     client = Endpoint(url)
@@ -385,7 +391,7 @@ def _bench_endpoint(
     section = run_endpoint(client, model, samples, settings, plain_text=plain_text, on_progress=progress)
     ep = section["endpoint"]
     return {
-        "schema_version": 1,
+        "schema_version": SCHEMA_VERSION,
         "timestamp": _now(),
         "tool_commit": tool_commit(),
         "settings": {**settings.comparable(), "endpoint": url, "model": model, "recipe": recipe_ref},
@@ -441,12 +447,14 @@ def _write_json(path: Path, doc: dict[str, Any]) -> None:
 
 
 def _parse_modes(text: str) -> tuple[str, ...]:
-    from dflash_cli.bench.runner import MODES
-
-    modes = tuple(m.strip() for m in text.split(",") if m.strip())
+    """The modes by their one names; an old name (ALIASES) is accepted and said so."""
+    given = tuple(m.strip() for m in text.split(",") if m.strip())
+    modes = tuple(ALIASES.get(m, m) for m in given)
     bad = [m for m in modes if m not in MODES]
     if not modes or bad or len(set(modes)) != len(modes):
         raise DFlashError(f"invalid --modes {text!r}", hint=f"comma-separated, distinct, among {','.join(MODES)}")
+    for old in dict.fromkeys(m for m in given if m in ALIASES):
+        err_console().print(f"--modes: {old} is {ALIASES[old]}'s old name; reported as {ALIASES[old]}", markup=False)
     return modes
 
 

@@ -18,7 +18,7 @@ from dflash_cli.cli.common import (
     handle_errors,
     print_json,
 )
-from dflash_cli.decoding.modes import DRAFTER_MODES
+from dflash_cli.decoding.modes import ALIASES, DRAFTER_MODES, MODES, MODES_INFO
 from dflash_cli.recipe import DEFAULT_RECIPE
 
 
@@ -63,8 +63,8 @@ def run_command(
         str | None,
         typer.Option(
             "--mode",
-            metavar="dflash|hybrid|lookup|plain",
-            help="Who drafts: the DFlash model, suffix lookup, hybrid (per step), or nobody. Default: run.drafter.",
+            metavar="|".join(MODES),
+            help="Who drafts. " + "; ".join(f"{m.name}: {m.help}" for m in MODES_INFO) + ". Default: run.drafter.",
         ),
     ] = None,
     no_draft: Annotated[bool, typer.Option("--no-draft", help="Plain decoding (same as --mode plain).")] = False,
@@ -125,18 +125,17 @@ def run_command(
 
 
 def resolve_mode(name: str | None) -> str | None:
-    """A --mode value as the engine names it (lookup is the engine's "pld"); None = the recipe's drafter."""
+    """A --mode value as its mode's one name (an old name, ALIASES, is accepted); None = the recipe's drafter."""
     from dflash_cli.recipe import did_you_mean
 
     if name is None:
         return None
-    names = {"plain": "plain", "dflash": "dflash", "hybrid": "hybrid", "lookup": "pld", "pld": "pld"}
-    if name not in names:
-        choices = ("dflash", "hybrid", "lookup", "plain")
+    name = ALIASES.get(name, name)
+    if name not in MODES:
         raise typer.BadParameter(
-            f"unknown mode {name!r}{did_you_mean(name, choices)} (one of: {', '.join(choices)})", param_hint="--mode"
+            f"unknown mode {name!r}{did_you_mean(name, MODES)} (one of: {', '.join(MODES)})", param_hint="--mode"
         )
-    return names[name]
+    return name
 
 
 def _read_prompt(prompt: str) -> str:

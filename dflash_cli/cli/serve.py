@@ -80,7 +80,7 @@ def serve_command(
     sock = bind(host, r.serve.port if port is None else port)
     with build_progress() as on_event:
         engine = build_engine(r, Cache(cache_dir), lambda e: None if e.message == "cached" else on_event(e))
-    mode = "plain" if no_draft else DRAFTER_MODES[r.run.drafter]  # run.drafter: dflash, lookup or hybrid
+    mode = "plain" if no_draft else DRAFTER_MODES[r.run.drafter]  # run.drafter names a speculative mode
     app = create_app(engine, model_name=name, queue_size=queue, mode=mode)
     shown = f"[{host}]" if ":" in host else host
     err_console().print(

@@ -17,7 +17,7 @@ import numpy as np
 
 from dflash_cli.decoding.hybrid import HybridProposer, HybridStats
 from dflash_cli.decoding.loops import DFlashProposer, LookupProposer, LoopConfig, generate_plain, generate_speculative
-from dflash_cli.decoding.modes import MODES
+from dflash_cli.decoding.modes import MODES, canonical
 from dflash_cli.decoding.result import GenerationResult
 from dflash_cli.decoding.sampling import SamplingConfig
 from dflash_cli.decoding.target_calls import TimedSession, padded
@@ -59,7 +59,7 @@ class Engine:
         self._tables = None
         o = recipe.compile.ort
         if backend == "ort" and o.thread_pool == "shared":
-            from dflash_cli.backends.ort import use_shared_thread_pool
+            from dflash_cli.ort_threads import use_shared_thread_pool
 
             use_shared_thread_pool(o.intra_op_threads)  # before any session of this engine opens
         if backend == "ort":
@@ -95,7 +95,7 @@ class Engine:
         with the shared thread pool (compile.ort.thread_pool), where every session already spins on the
         same threads. Returns what plain runs on.
         """
-        from dflash_cli.backends.ort import shared_thread_pool
+        from dflash_cli.ort_threads import shared_thread_pool
         from dflash_cli.readiness.memory import available_bytes
 
         o = self.recipe.compile.ort
@@ -198,6 +198,7 @@ class Engine:
         seed: int = 0,
         on_commit=None,
     ) -> GenerationResult:
+        mode = canonical(mode)  # an old name ("pld") runs its mode, reported by the mode's one name
         if mode not in MODES:
             raise GenerationError(f"unknown mode {mode!r}", hint=f"one of {', '.join(MODES)}")
         self.check_request(prompt_ids, max_new_tokens, temperature, top_k, top_p)
@@ -216,7 +217,7 @@ class Engine:
                 variable = getattr(self.target, "variable_length", False)
                 proposer = HybridProposer(proposer, self.block_size, self.hybrid_stats, variable)
                 self.hybrid_stats = proposer.stats  # later requests start from what this one learns
-        else:
+        else:  # lookup
             from dflash_cli.decoding.prompt_lookup import PromptLookupDrafter
 
             proposer = LookupProposer(PromptLookupDrafter(self.block_size))

@@ -29,16 +29,14 @@ from __future__ import annotations
 import time
 
 from dflash_cli.decoding.prompt_lookup import PromptLookupDrafter
+from dflash_cli.decoding.proposer import Proposer
+from dflash_cli.ortcompile.checks import LOOKUP_BLOCKS  # how far a lookup step may verify
 
 MAX_NGRAM = 8  # longest suffix match counted as evidence; longer says little more
 # Proposals come from the latest match of a suffix of at most this many tokens (prompt lookup's own
 # setting): on HumanEval with the demo pair the latest 3-gram drafts better (tau 4.99) than the
 # latest 8-gram match (4.83), while the longer match is the better evidence of how far a copy goes.
 PROPOSAL_NGRAM = 3
-# Where the target takes calls of any length, a lookup step may verify past the block, up to this many
-# blocks: a copy (a loop, a quoted passage) runs on far past one block, and a verify of 32 tokens costs
-# 1.7x one of 8 on the demo pair (2.75 vs 1.59 ms). The draft always proposes one block.
-LOOKUP_BLOCKS = 4
 # Each length's hazard is shrunk towards the hazard pooled over lengths 2 and up by this many
 # pseudo-steps: a length only a few steps reached (each seen only because a verify ran past it) would
 # otherwise keep a hazard of 1 from a handful of stops and shut out, for good, the longer verifies that
@@ -162,7 +160,9 @@ class HybridStats:
         self._fit = [VERIFY_MEMORY * old + new for old, new in zip(self._fit, sample)]
 
 
-class HybridProposer:
+class HybridProposer(Proposer):
+    """Per step, lookup's proposal or the DFlash draft's (`dflash`: a loops.DFlashProposer)."""
+
     mode = "hybrid"
 
     def __init__(self, dflash, block_size: int, stats: HybridStats | None = None, variable_length: bool = False):
@@ -170,7 +170,7 @@ class HybridProposer:
         self.draft = dflash.draft  # the loop times draft calls through this
         self.block = block_size
         self.stats = stats or HybridStats(block_size, LOOKUP_BLOCKS * block_size if variable_length else None)
-        # The longest verify a step may take (the loop asks, to pass `limit`): static graphs verify the block.
+        # The longest verify a step may take (the loop caps `limit` by it): static graphs verify the block.
         self.longest = self.stats.longest if variable_length else block_size
         self.variable = variable_length
         self.lookup = PromptLookupDrafter(self.longest, max_ngram=PROPOSAL_NGRAM)
@@ -209,7 +209,7 @@ class HybridProposer:
                     best, choice = value, (source, length)
         return choice
 
-    def propose(self, history: list[int], last: int, pos: int, limit: int | None = None) -> list[int]:
+    def propose(self, history: list[int], last: int, pos: int, limit: int) -> list[int]:
         started = time.perf_counter()
         lookup, n = self.lookup.propose_and_evidence(history, MAX_NGRAM)
         source, length = self.choose(n, limit)
@@ -218,7 +218,7 @@ class HybridProposer:
             proposal = lookup
         else:
             before = (self.draft.calls, self.draft.seconds)
-            proposal = self.dflash.propose(history, last, pos)
+            proposal = self.dflash.propose(history, last, pos, self.block)
             if self.draft.calls > before[0]:  # a block drafted ahead at prefill cost nothing here
                 self.stats.t_draft[0] += self.draft.seconds - before[1]
                 self.stats.t_draft[1] += 1

@@ -3,7 +3,8 @@
 Per speculative step: draft a block [last, MASK...] at positions p..p+B-1, verify it with one
 target call, accept the longest matching prefix plus the target's own token, and hand the
 committed positions' context features to the draft. Rollback is implicit: both caches mask by
-position, so the next block simply overwrites the rejected slots.
+position, so the next block simply overwrites the rejected slots. Whoever proposes (the DFlash draft,
+prompt lookup, the hybrid of both) answers the loop through decoding/proposer.py's Proposer.
 """
 
 from __future__ import annotations
@@ -11,12 +12,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from dflash_cli.decoding.proposer import Proposer
 from dflash_cli.decoding.result import GenerationResult
 from dflash_cli.decoding.sampling import Sampler, SamplingConfig
 from dflash_cli.decoding.target_calls import TimedSession, padded, prefill
+
+if TYPE_CHECKING:
+    from dflash_cli.decoding.prompt_lookup import PromptLookupDrafter
 
 
 @dataclass(frozen=True)
@@ -91,13 +97,14 @@ def generate_plain(
     )
 
 
-class DFlashProposer:
+class DFlashProposer(Proposer):
     """Draft-model proposals: feeds committed context features, returns B-1 draft tokens."""
 
     mode = "dflash"
 
     def __init__(self, draft: TimedSession, block_size: int, mask_id: int, prefill_len: int) -> None:
         self.draft, self.block, self.mask_id, self.prefill_len = draft, block_size, mask_id, prefill_len
+        self.longest = block_size  # the draft proposes one block
 
     def start(self, prompt_features: np.ndarray, last: int, pos: int) -> None:
         """Ingest the prompt's context (prefill work, so it counts toward time to first token) and
@@ -110,16 +117,13 @@ class DFlashProposer:
         # draft call catches the draft cache up in one go.
         self._pending.append((features, first_pos))
 
-    def propose(self, history: list[int], last: int, pos: int) -> list[int]:
+    def propose(self, history: list[int], last: int, pos: int, limit: int) -> list[int]:
         ready, self._ready = self._ready, None
         return ready if ready is not None else self._draft(last, pos)
 
     def skip(self) -> None:
         """Another drafter proposes this step: a block drafted ahead is stale."""
         self._ready = None
-
-    def verified(self, committed: list[int], verify_s: float) -> None:
-        pass  # the draft learns nothing from the verdict
 
     def _draft(self, last: int, pos: int) -> list[int]:
         block = [last] + [self.mask_id] * (self.block - 1)
@@ -150,33 +154,31 @@ class DFlashProposer:
         return [int(t) for t in result["draft_tokens"][0]]
 
 
-class LookupProposer:
-    """Prompt-lookup proposals through the same verify path (no model)."""
+class LookupProposer(Proposer):
+    """Prompt-lookup proposals through the same verify path (no model: no draft, no hooks)."""
 
-    mode = "pld"
+    mode = "lookup"
 
-    def __init__(self, drafter) -> None:
+    def __init__(self, drafter: PromptLookupDrafter) -> None:
         self.drafter = drafter
+        self.longest = drafter.block_size
 
-    def start(self, prompt_features, last, pos) -> None:
-        pass
-
-    def observe(self, features, first_pos) -> None:
-        pass
-
-    def propose(self, history: list[int], last: int, pos: int) -> list[int]:
+    def propose(self, history: list[int], last: int, pos: int, limit: int) -> list[int]:
         return list(self.drafter.propose(history))
-
-    def verified(self, committed: list[int], verify_s: float) -> None:
-        pass
 
 
 def generate_speculative(
-    target: TimedSession, proposer, prompt: list[int], prefill_len: int, block: int, cfg: LoopConfig, on_commit=None
+    target: TimedSession,
+    proposer: Proposer,
+    prompt: list[int],
+    prefill_len: int,
+    block: int,
+    cfg: LoopConfig,
+    on_commit=None,
 ) -> GenerationResult:
     sampler = Sampler(cfg.sampling)
     out = _Output(cfg, on_commit)
-    draft_timer = getattr(proposer, "draft", None)
+    draft_timer = proposer.draft
     t0 = time.perf_counter()
     res = prefill(target, prompt, prefill_len)
     out.commit([sampler.pick(res.get("logits", [None])[-1], res["tokens"][-1])])
@@ -189,17 +191,14 @@ def generate_speculative(
     # A session that takes calls of any length verifies only what was proposed; a static graph
     # verifies the whole block with padding (position -1) after a shorter proposal.
     variable = getattr(target.session, "variable_length", False)
-    # A proposer that may verify past the block (the hybrid's lookup steps, on such a session) is told how
-    # many tokens the generation still needs: the engine's room for prompt + new tokens + one block then
-    # also bounds every longer verify.
-    longest = getattr(proposer, "longest", block) if variable else block
+    # A proposer that may verify past the block (the hybrid's lookup steps, on such a session) is held to
+    # the tokens the generation still needs: the engine's room for prompt + new tokens + one block then
+    # also bounds every longer verify. Every other step's limit is the block.
+    longest = max(block, proposer.longest) if variable else block
     while not out.done:
         last = out.tokens[-1]
-        if longest > block:
-            limit = min(longest, max(block, cfg.max_new_tokens - len(out.tokens)))
-            proposal = proposer.propose(prompt + out.tokens, last, pos, limit)[: limit - 1]
-        else:
-            proposal = proposer.propose(prompt + out.tokens, last, pos)[: block - 1]
+        limit = min(longest, max(block, cfg.max_new_tokens - len(out.tokens)))
+        proposal = proposer.propose(prompt + out.tokens, last, pos, limit)[: limit - 1]
         length = len(proposal) + 1
         ids, bpos = padded([last, *proposal], pos, length if variable else block)
         before = target.seconds
@@ -230,7 +229,7 @@ def generate_speculative(
         target_s=target.seconds,
         draft_calls=draft_timer.calls if draft_timer else 0,
         draft_s=draft_timer.seconds if draft_timer else 0.0,
-        step_sources=list(getattr(proposer, "sources", [])),
+        step_sources=list(proposer.sources),
         verify_lengths=verify_lengths,
         stopped=out.stopped,
     )

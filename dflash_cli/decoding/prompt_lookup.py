@@ -1,4 +1,5 @@
-"""Prompt-lookup drafting (PLD): propose the tokens that followed the last earlier copy of the suffix.
+"""Prompt-lookup drafting (PLD; the "lookup" decoding mode): propose the tokens that followed the last
+earlier copy of the suffix.
 
 A model-free drafter, benchmarked beside DFlash as a cheap baseline: text that repeats itself
 (code, quoting the prompt) is drafted for free. It runs once per decode step, so it is plain

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 
 @dataclass
 class GenerationResult:
-    mode: str  # "plain" | "dflash" | "pld"
+    mode: str  # a name in decoding/modes.py MODES: "plain" | "dflash" | "lookup" | "hybrid"
     prompt_tokens: int
     tokens: list[int]  # newly generated token ids (stop token included if hit)
     accept_lengths: list[int] = field(default_factory=list)  # tokens committed per verify step, bonus included
