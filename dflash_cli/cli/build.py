@@ -109,7 +109,7 @@ def execute_build(
     )
     guard = stdout_to_stderr() if as_json else contextlib.nullcontext()
     with guard, build_progress() as on_event:
-        result = build(recipe, cache, upto=upto, force=force, rebuild=rebuild, progress=on_event)
+        result = build(recipe, cache, upto=upto, force=force, rebuild=rebuild, progress=_freezing(on_event))
     if as_json:
         print_json(result.to_dict())
         return
@@ -130,6 +130,21 @@ def execute_build(
     if result.stages:
         last = result.stages[-1]
         err_console().print(f"{last.name} artifact: {last.path}", markup=False, highlight=False)
+
+
+def _freezing(on_event: Callable[[Any], None]) -> Callable[[Any], None]:
+    """`dflash build` is a one-shot process: after each stage, what it imported (torch, onnx, transformers:
+    millions of objects living as long as the process) leaves the cyclic collector's view, so the next
+    stage's full collections scan only what that stage creates. Here, not in the library: `serve` and
+    bench sweeps build too, and must keep collecting everything."""
+    import gc
+
+    def handler(event: Any) -> None:
+        on_event(event)
+        if event.kind == "done":
+            gc.freeze()
+
+    return handler
 
 
 def _require_qaic_sdk() -> None:
