@@ -6,7 +6,6 @@ and hands every later test the same directory (never to be changed). Variants:
   full        replication refused, so every graph is traced whole: the export's fallback, and the
               plain path replication must equal (its progress notes are kept in `notes`)
   retraced    replicated, with torch.onnx's decomposition re-trace forced (no_retrace.py's reference)
-  in-process  replicated, every graph traced in this process (no forked tracer: trace_worker.py)
 """
 
 from __future__ import annotations
@@ -36,17 +35,11 @@ def inject(pair: TinyPair, root: Path, **overrides) -> Path:
 
 
 def export(
-    src: Path,
-    out: Path,
-    options: ExportOptions = OPTIONS,
-    *,
-    full: bool = False,
-    retrace: bool = False,
-    in_process: bool = False,
+    src: Path, out: Path, options: ExportOptions = OPTIONS, *, full: bool = False, retrace: bool = False
 ) -> list[str]:
     """export_pair of `src` into a new directory `out` (prefill of two blocks, ctx_len 96); returns the
     progress notes. `full`: replication refused (every graph traced whole, as the fallback does);
-    `retrace`: torch.onnx's decomposition re-trace forced; `in_process`: no forked tracer."""
+    `retrace`: torch.onnx's decomposition re-trace forced."""
     from dflash_cli.exporting import replicate
     from dflash_cli.exporting.graphs import export_pair
     from dflash_cli.modeling.loading import load_pair_info
@@ -63,8 +56,6 @@ def export(
             mp.setattr(replicate, "replicate_layers", refuse)
         if retrace:
             mp.setenv("DFLASH_EXPORT_RETRACE", "1")
-        if in_process:
-            mp.setenv("DFLASH_EXPORT_WORKERS", "0")
         export_pair(src, out, shape, options, notes.append)
     return notes
 
@@ -84,7 +75,6 @@ class SharedExports:
         out = self.root / family / variant
         if (family, variant) not in self.notes:
             shutil.rmtree(out, ignore_errors=True)  # what a failed attempt left
-            kinds = {"full": variant == "full", "retrace": variant == "retraced", "in_process": variant == "in-process"}
-            notes = export(self.injected(family), out, **kinds)
+            notes = export(self.injected(family), out, full=variant == "full", retrace=variant == "retraced")
             self.notes[family, variant] = notes
         return out

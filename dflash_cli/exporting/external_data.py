@@ -70,22 +70,6 @@ class DataFile:
             file.close(ok=ok)
 
 
-def prewrite(
-    data: DataFile,
-    tensors: list[tuple[Initializer, int]],
-    written: WrittenTensors,
-    progress: Callable[[int, int, int], None] | None = None,
-) -> None:
-    """Append each (source, byte size) to `data` before the graph that reads them exists (its template
-    may still be being traced elsewhere); `write_initializers` then finds them in `written`. Every
-    tensor given must be one the graph reads, or its bytes are dead weight in the file."""
-    for i, (src, nbytes) in enumerate(tensors):
-        if src.identity is not None and src.identity not in written.places:
-            written.places[src.identity] = data.append(src.produce(), nbytes, src.name)
-        if progress is not None:
-            progress(i + 1, len(tensors), data.offset)
-
-
 def write_initializers(
     model,
     out_dir: Path,
@@ -94,18 +78,17 @@ def write_initializers(
     written: WrittenTensors,
     progress: Callable[[int, int, int], None] | None = None,
     digest: bool = True,
-    data: DataFile | None = None,
 ) -> int:
     """Stream every initializer of `model` (onnx_ir) into out_dir/data_name; returns bytes written.
 
     `sources` gives the producer for initializers whose value is not in the graph (weights traced on
     the meta device); other initializers are written from their own value. `digest=False`: not hashed
-    (never published). `data`: that file, already opened (and `prewrite` into); closed here either way.
+    (never published).
     """
     import onnx_ir as ir
 
     inits = list(model.graph.initializers.values())
-    data = data if data is not None else DataFile(out_dir, data_name, digest=digest)
+    data = DataFile(out_dir, data_name, digest=digest)
     ok = False
     try:
         for i, value in enumerate(inits):

@@ -4,8 +4,7 @@
 `ExportOptions.prefix_graphs` their prefix-cache forms. The draft's embedding and lm_head are the
 target's tensors, so draft.onnx references them inside target.onnx.data: one copy on disk. Each graph
 is traced with one decoder layer and grown to its real depth (replicate.py); a graph replication does
-not understand is traced whole instead. Where a core is free, a forked child traces while the weights
-are written (trace_worker.py). The reduced model of a large pair's validation (reduced.py)
+not understand is traced whole instead. The reduced model of a large pair's validation (reduced.py)
 is grown from the same traced layers, or exported here by `export_reduced` when it could not be.
 """
 
@@ -20,8 +19,8 @@ from typing import Any
 
 import torch
 
-from dflash_cli.exporting import trace_worker, weight_sources
-from dflash_cli.exporting.external_data import DataFile, Initializer, WrittenTensors, prewrite
+from dflash_cli.exporting import weight_sources
+from dflash_cli.exporting.external_data import Initializer, WrittenTensors
 from dflash_cli.exporting.options import ExportOptions, PairShape
 from dflash_cli.exporting.replicate import LayerPlan, ReplicationError, grow_layers
 from dflash_cli.exporting.torch_to_onnx import save_streamed, trace_template
@@ -34,7 +33,7 @@ def export_pair(
     """Export the graphs; returns per-graph facts (io names, layers, heads, bytes written, seconds).
 
     `reduced` (reduced.ReducedGraphs): grows the reduced model's static graphs from the same traced
-    layers as they go by (`reduced.made` names the graphs it got)."""
+    layers, each after its real graph (`reduced.made` names the graphs it got)."""
     return _export_jobs(plan_jobs(src, shape, options), out, shape, options, progress, reduced)
 
 
@@ -92,60 +91,36 @@ def plan_jobs(src: Path, shape: PairShape, options: ExportOptions, reduced=None)
 def _export_jobs(
     jobs: list[_Job], out: Path, shape: PairShape, options: ExportOptions, progress, reduced
 ) -> dict[str, Any]:
-    """Trace and write each job's graph, in order; returns export_pair's per-graph facts.
-
-    The first graph (the target's) holds most of the bytes: its weights are written first, in the
-    module's parameter order, while a forked child traces every template (trace_worker.py); where
-    there is none, each graph is traced here in turn. The files are the same whoever traced."""
+    """Trace and write each job's graph, in order; returns export_pair's per-graph facts."""
     written = WrittenTensors()  # tensors a later graph references instead of writing again
     graphs: dict[str, Any] = {}
     origins: dict[str, dict] = {}  # onnx file -> {initializer: checkpoint tensor}, for the compile
-    worker = None
-    if trace_worker.usable():
-        try:
-            worker = trace_worker.TraceWorker(jobs, lambda job: _trace(job, shape, options))
-        except OSError:  # no process to spare (limits)
-            worker = None
-    first = jobs[0]
-    data = DataFile(out, f"{first.gname}{first.flavour}.onnx.data")
-    try:
-        ahead = [(first.sources[n], p.numel() * p.element_size()) for n, p in first.module.named_parameters()]
-        prewrite(data, ahead, written, _Throttled(progress, first.gname + first.flavour, what="weight"))
-        for i, job in enumerate(jobs):
-            t0 = time.perf_counter()
-            name = job.gname + job.flavour
-            report = _Throttled(progress, name)
-            path = out / f"{name}.onnx"
-            job_data = data if i == 0 else None
-            nbytes = None
-            if job.stand_in is not None:
-                # One layer traced, copied to the real depth (replicate.py): minutes -> seconds.
-                got = worker.take(i, job.sources) if worker is not None else None
-                if got is None:
-                    model, by_graph_name = _trace(job, shape, options)
-                else:
-                    model, by_graph_name, _ = got
-                    _set_flavour(job)
-                if reduced is not None and not job.flavour:
-                    reduced.grow(job.gname, model, job.store, job.rename)  # from the one-layer template
-                try:
-                    grow_layers(model, layer_plan(job.gname, job.module), job.sources, by_graph_name)
-                    nbytes = save_streamed(model, path, by_graph_name, written, report, data=job_data)
-                except ReplicationError as exc:
-                    progress(f"{name}.onnx: tracing every layer ({exc})")
-            if nbytes is None:
-                model, by_graph_name = _trace(replace(job, stand_in=None), shape, options)
-                nbytes = save_streamed(model, path, by_graph_name, written, report, data=job_data)
-            origins[path.name] = {n: src.origin for n, src in by_graph_name.items() if src.origin is not None}
-            graphs[name] = {
-                **graph_facts(job.gname, job.module, shape, job.flavour),
-                "data_bytes": nbytes,
-                "seconds": round(time.perf_counter() - t0, 2),
-            }
-    finally:
-        data.close(ok=False)  # a no-op once the first graph is written
-        if worker is not None:
-            worker.close()
+    for job in jobs:
+        t0 = time.perf_counter()
+        name = job.gname + job.flavour
+        report = _Throttled(progress, name)
+        path = out / f"{name}.onnx"
+        nbytes = None
+        if job.stand_in is not None:
+            # One layer traced, copied to the real depth (replicate.py): minutes -> seconds.
+            model, by_graph_name = _trace(job, shape, options)
+            template = model.clone() if reduced is not None and not job.flavour else None
+            try:
+                grow_layers(model, layer_plan(job.gname, job.module), job.sources, by_graph_name)
+                nbytes = save_streamed(model, path, by_graph_name, written, report)
+            except ReplicationError as exc:
+                progress(f"{name}.onnx: tracing every layer ({exc})")
+            if template is not None:  # after the real graph: its layers' tensors are then in `written`
+                reduced.grow(job.gname, template, job.store, job.rename, written)
+        if nbytes is None:
+            model, by_graph_name = _trace(replace(job, stand_in=None), shape, options)
+            nbytes = save_streamed(model, path, by_graph_name, written, report)
+        origins[path.name] = {n: src.origin for n, src in by_graph_name.items() if src.origin is not None}
+        graphs[name] = {
+            **graph_facts(job.gname, job.module, shape, job.flavour),
+            "data_bytes": nbytes,
+            "seconds": round(time.perf_counter() - t0, 2),
+        }
     for job in jobs:
         job.module.use_prefix_cache(False)
         job.store.close()
@@ -167,14 +142,10 @@ class _Job:
     sym: dict[str, int]
 
 
-def _set_flavour(job: _Job) -> None:
+def _trace(job: _Job, shape: PairShape, options: ExportOptions):
     for m in (job.module, job.stand_in):
         if m is not None:
             m.use_prefix_cache(job.flavour == "_prefix")
-
-
-def _trace(job: _Job, shape: PairShape, options: ExportOptions):
-    _set_flavour(job)
     traced = job.stand_in if job.stand_in is not None else job.module
     ins, outs = traced.io_names()
     prefix_cache = job.flavour == "_prefix"

@@ -6,12 +6,15 @@ vocabulary rows of the same checkpoint, every other shape as built, so its memor
 depth or vocabulary. Its static graphs are grown from the very layer the real export traced
 (replicate.py), copied to the reduced depth with the reduced weights and the embedding / lm_head cut
 to the reduced rows: validation checks the graph the real export is made of, copying included, at no
-second trace. A graph that cannot be grown that way is exported by tracing the reduced model itself
-(graphs.export_reduced).
+second trace. They sit beside the real graphs and reference the real graphs' data files for every
+tensor they share (all but the cut vocabulary tensors), so they cost no second copy of the layers. A
+graph that cannot be grown that way is exported by tracing the reduced model itself into a directory
+of its own (graphs.export_reduced). Validation removes every file of the reduced model.
 """
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +28,8 @@ LAYERS = 3
 VOCAB = 4096  # vocabulary rows kept; hidden size, heads, ctx_len and block stay as built
 VOCAB_OUTPUTS = ("logits", "draft_logits")  # graph outputs whose last axis is the vocabulary
 GRAPHS = ("target", "draft")  # the static graphs validation runs, in this order
+PREFIX = "_reduced_"  # file names of the grown graphs beside the real ones
+TRACED_DIR = "_reduced_model"  # where the reduced model traced itself goes
 
 
 @dataclass(frozen=True)
@@ -66,25 +71,35 @@ class ReducedPlan:
 
 @dataclass
 class ReducedGraphs:
-    """Grows the reduced model's `target.onnx` / `draft.onnx` into `where` as the real export traces them."""
+    """Grows the reduced model's static graphs into `out` (PREFIX + target.onnx, ...) as the real export
+    writes its own there."""
 
     src: Path
-    where: Path
+    out: Path
     plan: ReducedPlan
     options: object  # options.ExportOptions
-    written: WrittenTensors = field(default_factory=WrittenTensors)  # the reduced graphs' own data files
     made: set[str] = field(default_factory=set)
     skipped: dict[str, str] = field(default_factory=dict)  # graph -> why it could not be grown
 
-    def grow(self, gname: str, template, store, rename) -> None:
-        """Write the reduced `gname`.onnx from the real export's one-layer `template` (left unchanged);
-        on any failure, note why (validation then traces the reduced model itself)."""
+    def path(self, gname: str) -> Path:
+        return self.out / f"{PREFIX}{gname}.onnx"
+
+    def grow(self, gname: str, template, store, rename, written: WrittenTensors) -> None:
+        """Write the reduced `gname` graph from the real export's one-layer `template` (taken over);
+        tensors in `written` (the real graphs' data files) are referenced, not written again. On any
+        failure, note why (validation then traces the reduced model itself)."""
         try:
-            self._grow(gname, template, store, rename)
+            self._grow(gname, template, store, rename, written)
         except Exception as exc:  # noqa: BLE001 - the reduced model is then exported by a trace of its own
             self.skipped[gname] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
-    def _grow(self, gname: str, template, store, rename) -> None:
+    def remove(self) -> None:
+        """Every file of the reduced model: none may be published with the export."""
+        shutil.rmtree(self.out / TRACED_DIR, ignore_errors=True)
+        for path in self.out.glob(f"{PREFIX}*"):
+            path.unlink()
+
+    def _grow(self, gname: str, template, store, rename, written: WrittenTensors) -> None:
         import onnx_ir as ir
 
         from dflash_cli.exporting.graphs import layer_plan, weight_initializers
@@ -98,7 +113,7 @@ class ReducedGraphs:
             module = build_draft(self.src, logits, cfg=dcfg, vocab=plan.rows, device="meta", dtype=dtype)
         sources = weight_initializers(module, store, rename, dtype, plan.rows)  # vocabulary tensors cut to the rows
         shapes = {name: tuple(p.shape) for name, p in module.named_parameters()}
-        reduced = template.clone()
+        reduced = template
         by_graph_name = {}
         for value in reduced.graph.initializers.values():
             name = value.name.removeprefix(WRAPPER_PREFIX)
@@ -119,5 +134,5 @@ class ReducedGraphs:
             if v.name in VOCAB_OUTPUTS and v.shape is not None:
                 v.shape = ir.Shape([*list(v.shape)[:-1], plan.rows])
         grow_layers(reduced, layer_plan(gname, module), sources, by_graph_name)
-        save_streamed(reduced, self.where / f"{gname}.onnx", by_graph_name, self.written, digest=False)
+        save_streamed(reduced, self.path(gname), by_graph_name, written, digest=False)
         self.made.add(gname)

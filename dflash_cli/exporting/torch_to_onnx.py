@@ -82,15 +82,12 @@ def trace_template(
     return model, by_graph_name
 
 
-def save_streamed(
-    model, path: Path, by_graph_name, written: WrittenTensors, progress=None, digest=True, data=None
-) -> int:
+def save_streamed(model, path: Path, by_graph_name, written: WrittenTensors, progress=None, digest=True) -> int:
     """Stream the initializers into `path`.data, save the graph at `path`; returns data bytes.
-    `digest=False`: the data file is not hashed for the cache (a file that is never published).
-    `data`: that data file already open, holding weights written ahead (external_data.prewrite)."""
+    `digest=False`: the data file is not hashed for the cache (a file that is never published)."""
     import onnx_ir as ir
 
-    nbytes = write_initializers(model, path.parent, path.name + ".data", by_graph_name, written, progress, digest, data)
+    nbytes = write_initializers(model, path.parent, path.name + ".data", by_graph_name, written, progress, digest)
     ir.save(model, str(path))
     _name_seq_dims(path)
     return nbytes

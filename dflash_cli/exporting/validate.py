@@ -6,7 +6,6 @@ tolerance fails the stage (the caller raises), never just a warning.
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dflash_cli.exporting.reduced import GRAPHS, ReducedGraphs, ReducedPlan
+from dflash_cli.exporting.reduced import GRAPHS, TRACED_DIR, ReducedGraphs, ReducedPlan
 
 RTOL = {"fp32": 1e-3, "fp16": 2e-2}  # relative to the reference's largest magnitude (summation order, fp16 rounding)
 # fp16 graphs against a float32 reference: argmax may flip where two logits are within fp16 rounding
@@ -125,20 +124,22 @@ def validate_export(
     Returns the checks and the mode's description."""
     if reduced is None:
         progress("validating the ONNX graphs against PyTorch and Hugging Face")
-        return [c for g in GRAPHS for c in graph_checks(g, src, out, shape, options, pair)], "full"
+        return [c for g in GRAPHS for c in graph_checks(g, src, out / f"{g}.onnx", shape, options, pair)], "full"
     plan = reduced.plan
     try:
+        path = reduced.path
         if not reduced.made >= set(GRAPHS):
             why = "; ".join(f"{g}: {r}" for g, r in reduced.skipped.items()) or "a graph was traced whole"
             progress(f"tracing the reduced model itself ({why})")
-            shutil.rmtree(reduced.where, ignore_errors=True)
-            reduced.where.mkdir()
-            _export_reduced(src, reduced.where, shape, options, plan)
+            traced = out / TRACED_DIR
+            traced.mkdir()
+            _export_reduced(src, traced, shape, options, plan)
+            path = lambda gname: traced / f"{gname}.onnx"  # noqa: E731
         progress(f"validating a {plan.layers}-layer, {plan.rows}-row reduced model grown from the same traced layers")
-        checks = [c for g in GRAPHS for c in graph_checks(g, src, reduced.where, shape, options, pair, plan)]
+        checks = [c for g in GRAPHS for c in graph_checks(g, src, path(g), shape, options, pair, plan)]
         return checks, plan.describe()
     finally:
-        shutil.rmtree(reduced.where, ignore_errors=True)
+        reduced.remove()
 
 
 def _export_reduced(src: Path, where: Path, shape, options, plan: ReducedPlan) -> None:
@@ -153,9 +154,10 @@ def _export_reduced(src: Path, where: Path, shape, options, plan: ReducedPlan) -
 
 
 def graph_checks(
-    gname: str, src: Path, where: Path, shape, options, pair: dict, plan: ReducedPlan | None = None
+    gname: str, src: Path, onnx_path: Path, shape, options, pair: dict, plan: ReducedPlan | None = None
 ) -> list[Check]:
-    """Every check of `where`/`gname`.onnx ("target" or "draft"; the reduced model's graph when `plan` is given)."""
+    """Every check of the graph `gname` ("target" or "draft") at `onnx_path`; the reduced model's graph
+    when `plan` is given."""
     from dflash_cli.exporting import validation_calls as calls
     from dflash_cli.modeling.layers import Rotary
     from dflash_cli.modeling.loading import (
@@ -182,16 +184,14 @@ def graph_checks(
         fill_weights(target, WeightStore.open(src / "target"), rows=rows)
         target.rotary = Rotary(tcfg)
         checks = compare_graph(
-            "target", where / "target.onnx", target, calls.target_calls(rng, checks_pair, B, P), C, options.dtype
+            "target", onnx_path, target, calls.target_calls(rng, checks_pair, B, P), C, options.dtype
         )
         prompt = rng.integers(0, checks_pair["vocab_size"], size=(1, min(P, 32)), dtype=np.int64)
         return checks + target_vs_hf(_hf_model(tcfg, target), target, prompt, C)
     draft = build_draft(src, options.logits, cfg=dcfg, vocab=rows, device="meta", dtype=torch.float32)
     fill_weights(draft, WeightStore.open(src / "draft"), draft_store_name, rows=rows)
     draft.draft.rotary = Rotary(dcfg)
-    return compare_graph(
-        "draft", where / "draft.onnx", draft, calls.draft_calls(rng, checks_pair, B, P), C, options.dtype
-    )
+    return compare_graph("draft", onnx_path, draft, calls.draft_calls(rng, checks_pair, B, P), C, options.dtype)
 
 
 def _hf_model(cfg, target):

@@ -20,7 +20,6 @@ from dflash_cli.recipe import export_shape_problems
 from dflash_cli.stages.base import StageContext
 
 FULL_VALIDATION_BYTES = 1 << 30  # float32 bytes of both graphs up to which the real graphs are validated
-REDUCED_DIR = "_reduced_model"  # the reduced model's graphs, removed before the artifact is published
 
 
 # Bumped whenever the traced graphs change, so cached exports made by older code are rebuilt:
@@ -79,8 +78,7 @@ class ExportStage:
         if validation == "reduced":
             from dflash_cli.exporting.reduced import ReducedGraphs, ReducedPlan
 
-            (out / REDUCED_DIR).mkdir()
-            reduced = ReducedGraphs(src, out / REDUCED_DIR, ReducedPlan.of(src, pair), options)
+            reduced = ReducedGraphs(src, out, ReducedPlan.of(src, pair), options)
         if e.exporter == "dynamo":
             import torch
 
@@ -94,7 +92,8 @@ class ExportStage:
             try:
                 graphs = export_pair(src, out, shape, options, ctx.progress, reduced)
             except BaseException:
-                shutil.rmtree(out / REDUCED_DIR, ignore_errors=True)
+                if reduced is not None:
+                    reduced.remove()
                 raise
             finally:
                 torch.set_num_threads(threads)
