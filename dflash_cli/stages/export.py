@@ -71,11 +71,11 @@ class ExportStage:
         out = ctx.out_dir
         shape = PairShape(B, P, C, pair["hidden_size"])
         validation = "off"
-        if e.validate_outputs:
+        if e.validate_outputs:  # a large pair validates a reduced model: memory bounded whatever its size
             validation = "reduced" if _fp32_bytes(src) > FULL_VALIDATION_BYTES else "full"
         options = ExportOptions.of(e, validation)
         reduced = None
-        if validation == "reduced":
+        if options.validation == "reduced":
             from dflash_cli.exporting.reduced import ReducedGraphs, ReducedPlan
 
             reduced = ReducedGraphs(src, out, ReducedPlan.of(src, pair), options)
@@ -101,7 +101,7 @@ class ExportStage:
             graphs = _export_torchscript(src, out, shape, e, ctx.progress)
         checks: list = []
         mode = "off"
-        if validation != "off":
+        if options.validation != "off":
             from dflash_cli.exporting.validate import validate_export
 
             checks, mode = validate_export(src, out, shape, options, pair, reduced=reduced, progress=ctx.progress)
