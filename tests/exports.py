@@ -5,12 +5,15 @@ and hands every later test the same directory (never to be changed). Variants:
   replicated  what `dflash build` exports: one traced layer grown to the real depth (replicate.py)
   full        replication refused, so every graph is traced whole: the export's fallback, and the
               plain path replication must equal (its progress notes are kept in `notes`)
+  full-static the same for the static graphs only (their prefix-cache forms replicate through the same
+              code: one family's full prefix-cache traces check that)
   retraced    replicated, with torch.onnx's decomposition re-trace forced (no_retrace.py's reference)
 """
 
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -75,6 +78,9 @@ class SharedExports:
         out = self.root / family / variant
         if (family, variant) not in self.notes:
             shutil.rmtree(out, ignore_errors=True)  # what a failed attempt left
-            notes = export(self.injected(family), out, full=variant == "full", retrace=variant == "retraced")
+            options = replace(OPTIONS, prefix_graphs=False) if variant == "full-static" else OPTIONS
+            notes = export(
+                self.injected(family), out, options, full=variant.startswith("full"), retrace=variant == "retraced"
+            )
             self.notes[family, variant] = notes
         return out

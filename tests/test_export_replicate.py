@@ -15,6 +15,7 @@ from tests.exports import REFUSAL, export, inject
 pytestmark = pytest.mark.slow  # builds or exports pairs: left out of `make test-fast`
 
 GRAPHS = ("target", "target_prefix", "draft", "draft_prefix")
+STATIC = ("target", "draft")
 
 
 def _feeds(session, rng) -> dict[str, np.ndarray]:
@@ -47,10 +48,10 @@ def _same_outputs(a: Path, b: Path, graphs=GRAPHS) -> None:
             np.testing.assert_array_equal(x, y, err_msg=f"{g}: {name}")
 
 
-@pytest.mark.parametrize("family", ["qwen3", "llama"])
-def test_replicated_graphs_equal_full_traces(shared_exports, family) -> None:
+@pytest.mark.parametrize(("family", "full", "graphs"), [("qwen3", "full", GRAPHS), ("llama", "full-static", STATIC)])
+def test_replicated_graphs_equal_full_traces(shared_exports, family, full, graphs) -> None:
     replicated = shared_exports.get(family, "replicated")
-    _same_outputs(replicated, shared_exports.get(family, "full"))
+    _same_outputs(replicated, shared_exports.get(family, full), graphs)
     model = onnx.load(str(replicated / "target.onnx"), load_external_data=False)
     weights = {i.name for i in model.graph.initializer}
     layers = target_config(shared_exports.injected(family)).num_hidden_layers
@@ -89,4 +90,4 @@ def test_replicated_variants_equal_full_traces(tiny_qwen3_pair, overrides, dtype
     options = ExportOptions(dtype=dtype, logits=True, prefix_graphs=False, validation="off")
     export(src, tmp_path / "replicated", options)
     export(src, tmp_path / "full", options, full=True)
-    _same_outputs(tmp_path / "replicated", tmp_path / "full", ("target", "draft"))
+    _same_outputs(tmp_path / "replicated", tmp_path / "full", STATIC)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from dflash_cli.errors import DFlashError, ExportValidationError
-from tests.engines import build_recipe, open_engine
+from tests.engines import open_engine
 from tests.fixtures.tiny_pairs import TinyPair
 
 pytestmark = pytest.mark.slow  # builds or exports pairs: left out of `make test-fast`
@@ -98,9 +98,9 @@ def test_causal_check_catches_per_call_activation_scales(tiny_qwen3_pair: TinyPa
 def test_fp16_export_runs_and_validates(tiny_qwen3_pair: TinyPair, tmp_path: Path) -> None:
     import onnx
 
-    recipe, cache = build_recipe(tiny_qwen3_pair, tmp_path, export={"dtype": "fp16"})
     from dflash_cli.pipeline import artifact_paths
 
+    recipe, cache = _export_only(tiny_qwen3_pair, tmp_path, "fp16", export={"dtype": "fp16"})
     export = artifact_paths(recipe, cache, ["export"])["export"]
     model = onnx.load(str(export / "target.onnx"), load_external_data=False)
     kv = next(i for i in model.graph.input if i.name == "past_key.0")
@@ -110,18 +110,19 @@ def test_fp16_export_runs_and_validates(tiny_qwen3_pair: TinyPair, tmp_path: Pat
     validation = json.loads((export / "validation.json").read_text())
     assert validation["mode"] == "full" and all(c["ok"] for c in validation["checks"])
     # half the bytes of the fp32 export of the same pair
-    recipe32, cache32 = build_recipe(tiny_qwen3_pair, tmp_path / "fp32")
+    recipe32, cache32 = _export_only(tiny_qwen3_pair, tmp_path, "fp32")  # convert and inject are cached
     export32 = artifact_paths(recipe32, cache32, ["export"])["export"]
     size = (export / "target.onnx.data").stat().st_size
     assert size < 0.6 * (export32 / "target.onnx.data").stat().st_size
 
 
-def _export_only(pair: TinyPair, root: Path):
+def _export_only(pair: TinyPair, root: Path, name: str = "recipe", **overrides):
+    """The pair built up to its export, into root/cache."""
     from dflash_cli.cache import Cache
     from dflash_cli.pipeline import build
     from dflash_cli.recipe import load_recipe
 
-    recipe = load_recipe(str(pair.write_recipe(root / "recipe.yaml")))
+    recipe = load_recipe(str(pair.write_recipe(root / f"{name}.yaml", **overrides)))
     cache = Cache(root / "cache")
     build(recipe, cache, upto="export")
     return recipe, cache
