@@ -76,18 +76,11 @@ def test_unexpected_graph_shape_falls_back_to_a_full_trace(shared_exports) -> No
     assert sum(f"tracing every layer ({REFUSAL})" in n for n in notes) == 4, notes
 
 
-@pytest.mark.parametrize(
-    ("overrides", "dtype"),
-    [
-        ({"dflash": {"target_layer_ids": [0, 3]}}, "fp32"),  # a tap after the final norm
-        ({}, "fp16"),
-    ],
-    ids=["last-layer-tap", "fp16"],
-)
-def test_replicated_variants_equal_full_traces(tiny_qwen3_pair, overrides, dtype, tmp_path) -> None:
-    """The static graphs only: their prefix-cache forms replicate through the same code (tested above)."""
-    src = inject(tiny_qwen3_pair, tmp_path / "build", **overrides)
-    options = ExportOptions(dtype=dtype, logits=True, prefix_graphs=False, validation="off")
+def test_a_last_layer_tap_and_fp16_replicate_as_full_traces(tiny_qwen3_pair, tmp_path) -> None:
+    """Taps that include the last layer (read after the final norm) and fp16 graphs, in one export:
+    the static graphs only (their prefix-cache forms replicate through the same code, tested above)."""
+    src = inject(tiny_qwen3_pair, tmp_path / "build", dflash={"target_layer_ids": [0, 3]})
+    options = ExportOptions(dtype="fp16", logits=True, prefix_graphs=False, validation="off")
     export(src, tmp_path / "replicated", options)
     export(src, tmp_path / "full", options, full=True)
     _same_outputs(tmp_path / "replicated", tmp_path / "full", STATIC)

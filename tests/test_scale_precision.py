@@ -55,10 +55,10 @@ def test_weight_only_precisions_stay_lossless(precision: str, family: str, reque
         assert engine.generate(prompt, mode="lookup", max_new_tokens=12).tokens == plain.tokens
 
 
-def test_int4_is_smaller_than_fp32_on_disk(tiny_llama_pair: TinyPair, tmp_path: Path) -> None:
+def test_int4_is_smaller_than_fp32_on_disk(tiny_llama_pair: TinyPair, llama_engine, tmp_path: Path) -> None:
     from dflash_cli.ortcompile.checks import graph_weight_bytes
 
-    e32 = open_engine(tiny_llama_pair, tmp_path / "fp32")
+    e32 = llama_engine  # the pair built with the default (fp32) recipe
     e4 = open_engine(tiny_llama_pair, tmp_path / "int4", compile={"ort": {"precision": "int4"}})
     big = graph_weight_bytes(e32.compile_dir / "target.onnx")
     small = graph_weight_bytes(e4.compile_dir / "target.onnx")
