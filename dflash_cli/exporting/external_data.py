@@ -45,7 +45,7 @@ class DataFile:
         from dflash_cli.hashing import HashingWriter
 
         self.name, self.offset = name, 0
-        self._file: HashingWriter | None = HashingWriter(out_dir / name, digest=digest)
+        self._file: HashingWriter = HashingWriter(out_dir / name, digest=digest)
 
     def append(self, blocks: Iterable, nbytes: int, what: str) -> tuple[str, int, int]:
         """Write `blocks` (bytes or numpy blocks, `nbytes` in all); returns (file name, offset, length)."""
@@ -64,10 +64,8 @@ class DataFile:
         return place
 
     def close(self, ok: bool = True) -> None:
-        """Finish the file (and record its digest) when `ok`; a second call does nothing."""
-        file, self._file = self._file, None
-        if file is not None:
-            file.close(ok=ok)
+        """Finish the file (and record its digest) when `ok`."""
+        self._file.close(ok=ok)
 
 
 def write_initializers(

@@ -289,14 +289,14 @@ def _example_inputs(gname: str, module, shape: PairShape, dtype: torch.dtype, pr
 
 
 class _Throttled:
-    """Progress lines at most every few seconds: tensor k of n (`what`) and bytes written."""
+    """Progress lines at most every few seconds: tensor k of n and bytes written."""
 
-    def __init__(self, progress: Callable[[str], None], gname: str, every_s: float = 3.0, what: str = "tensor") -> None:
-        self.progress, self.gname, self.every_s, self.what = progress, gname, every_s, what
+    def __init__(self, progress: Callable[[str], None], gname: str, every_s: float = 3.0) -> None:
+        self.progress, self.gname, self.every_s = progress, gname, every_s
         self.last = 0.0
 
     def __call__(self, done: int, total: int, nbytes: int) -> None:
         now = time.monotonic()
         if done == total or now - self.last >= self.every_s:
             self.last = now
-            self.progress(f"{self.gname}.onnx: {self.what} {done}/{total}, {nbytes / 1e9:.2f} GB written")
+            self.progress(f"{self.gname}.onnx: tensor {done}/{total}, {nbytes / 1e9:.2f} GB written")
