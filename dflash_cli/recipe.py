@@ -155,6 +155,7 @@ class ServeConfig(_Section):
     host: str = "127.0.0.1"  # loopback by default: exposing a server is an explicit choice
     port: int = Field(default=8000, ge=0, le=65535)  # 0 = any free port (printed at start)
     queue_size: int = Field(default=8, ge=0)  # requests that may wait while one is decoded; more get 503
+    max_request_bytes: int | None = Field(default=None, ge=1024)  # bigger bodies get 413; None: from ctx_len
 
 
 def export_shape_problems(block: int | None, prefill: int, ctx_len: int) -> list[str]:

@@ -11,15 +11,17 @@ from typing import Any
 
 
 @contextlib.contextmanager
-def running_server(engine: Any, model_name: str = "tiny", **kwargs: Any) -> Iterator[tuple[str, Any]]:
-    import uvicorn
-
+def running_server(
+    engine: Any, model_name: str = "tiny", graceful_s: float = 30.0, **kwargs: Any
+) -> Iterator[tuple[str, Any]]:
+    """The app in `dflash serve`'s own uvicorn server; `app.state.stop()` begins its shutdown."""
     from dflash_cli.serve.app import create_app
-    from dflash_cli.serve.server import bind
+    from dflash_cli.serve.server import bind, build_server
 
     app = create_app(engine, model_name=model_name, **kwargs)
     sock = bind("127.0.0.1", 0)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    server = build_server(app, graceful_s=graceful_s)
+    app.state.stop = lambda: setattr(server, "should_exit", True)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20

@@ -6,7 +6,16 @@ from typing import Annotated
 
 import typer
 
-from dflash_cli.cli.common import CacheDirOpt, RecipeArg, RecipeOpt, SetOpt, err_console, examples, handle_errors
+from dflash_cli.cli.common import (
+    CacheDirOpt,
+    RecipeArg,
+    RecipeOpt,
+    SetOpt,
+    err_console,
+    examples,
+    handle_errors,
+    pick_recipe,
+)
 from dflash_cli.decoding.modes import DRAFTER_MODES
 from dflash_cli.recipe import DEFAULT_RECIPE
 from dflash_cli.serve.handoff import ENGINES
@@ -26,6 +35,7 @@ def register(app: typer.Typer) -> None:
 
 @handle_errors
 def serve_command(
+    ctx: typer.Context,
     recipe_arg: RecipeArg = None,
     recipe: RecipeOpt = DEFAULT_RECIPE,
     set_: SetOpt = None,
@@ -50,18 +60,24 @@ def serve_command(
     ] = None,
     access_log: Annotated[bool, typer.Option("--access-log", help="Log every HTTP request.")] = False,
     graceful_timeout: Annotated[
-        float, typer.Option("--graceful-timeout", min=0.0, help="Seconds a stop waits for requests in flight.")
+        float,
+        typer.Option(
+            "--graceful-timeout",
+            min=0.0,
+            help="Seconds a stop waits for requests in flight; then they get an error (streams: a final chunk).",
+        ),
     ] = 30.0,
 ) -> None:
     """Serve the built pair on an OpenAI-compatible API (/v1/completions, /v1/chat/completions, /metrics)."""
     from dflash_cli.recipe import did_you_mean, load_recipe
 
+    recipe = pick_recipe(ctx, recipe_arg, recipe)
     if print_command is not None and print_command not in ENGINES:
         raise typer.BadParameter(
             f"unknown engine {print_command!r}{did_you_mean(print_command, ENGINES)} (one of: {', '.join(ENGINES)})",
             param_hint="--print-command",
         )
-    r = load_recipe(recipe_arg or recipe, set_ or [])
+    r = load_recipe(recipe, set_ or [])
     name = model_name or r.name
     if print_command:
         from dflash_cli.serve.handoff import handoff_command
@@ -73,7 +89,7 @@ def serve_command(
     from dflash_cli.cli.build import build_progress
     from dflash_cli.decoding.engine import build_engine
     from dflash_cli.serve.app import create_app
-    from dflash_cli.serve.server import bind, serve_forever
+    from dflash_cli.serve.server import bind, build_server, serve_forever
 
     host = r.serve.host if host is None else host
     queue = r.serve.queue_size if queue_size is None else queue_size
@@ -81,7 +97,7 @@ def serve_command(
     with build_progress() as on_event:
         engine = build_engine(r, Cache(cache_dir), lambda e: None if e.message == "cached" else on_event(e))
     mode = "plain" if no_draft else DRAFTER_MODES[r.run.drafter]  # run.drafter names a speculative mode
-    app = create_app(engine, model_name=name, queue_size=queue, mode=mode)
+    app = create_app(engine, model_name=name, queue_size=queue, mode=mode, max_request_bytes=r.serve.max_request_bytes)
     shown = f"[{host}]" if ":" in host else host
     err_console().print(
         f"serving {name} ({mode}) on http://{shown}:{sock.getsockname()[1]}/v1 · queue {queue} · Ctrl-C stops",
@@ -89,7 +105,7 @@ def serve_command(
         highlight=False,
     )
     try:
-        serve_forever(app, sock, access_log=access_log, graceful_s=graceful_timeout)
+        serve_forever(build_server(app, access_log=access_log, graceful_s=graceful_timeout), sock)
     finally:
         app.state.scheduler.close()
     err_console().print("stopped", markup=False, highlight=False)

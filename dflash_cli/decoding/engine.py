@@ -6,6 +6,7 @@ missing first. Both the CLI (`dflash run`, `dflash bench`) and other programs us
 
 from __future__ import annotations
 
+import copy
 import json
 import statistics
 import time
@@ -114,11 +115,27 @@ class Engine:
 
     @classmethod
     def load(cls, recipe: Any, cache: Any) -> Engine:
+        """Open a built recipe. The engine holds its artifacts (shared locks) for as long as it lives, so
+        `dflash cache clean` leaves them alone; `release_artifacts()` lets go earlier."""
         from dflash_cli.pipeline import artifact_paths
 
-        paths = artifact_paths(recipe, cache, ("inject", "export", "compile"))
-        keys = {s: p.name for s, p in paths.items()}
-        return cls(recipe, Artifacts(paths["inject"], paths["export"], paths["compile"], keys))
+        holds: list = []
+        try:
+            paths = artifact_paths(recipe, cache, ("inject", "export", "compile"), holds=holds)
+            keys = {s: p.name for s, p in paths.items()}
+            engine = cls(recipe, Artifacts(paths["inject"], paths["export"], paths["compile"], keys))
+        except BaseException:
+            for held in holds:
+                held.release()
+            raise
+        engine._artifact_holds = holds
+        return engine
+
+    def release_artifacts(self) -> None:
+        """Let `dflash cache clean` remove this engine's artifacts (sessions opened later may then fail)."""
+        for held in getattr(self, "_artifact_holds", ()):
+            held.release()
+        self._artifact_holds = []
 
     # --- text ---------------------------------------------------------------------------------
     def encode_prompt(self, prompt: str | list[dict]) -> list[int]:
@@ -147,6 +164,13 @@ class Engine:
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def with_own_tokenizer(self) -> Engine:
+        """This engine with a tokenizer of its own, for encoding on one thread while another decodes
+        (a fast tokenizer refuses concurrent use: "Already borrowed"). Sessions are shared."""
+        view = copy.copy(self)
+        view.tokenizer = copy.deepcopy(self.tokenizer)
+        return view
 
     # --- generation ---------------------------------------------------------------------------
     @property
@@ -326,5 +350,6 @@ def build_engine(recipe: Any, cache: Any, progress=None) -> Engine:
     """Build every missing stage of `recipe`, then load the engine."""
     from dflash_cli.pipeline import build
 
-    build(recipe, cache, progress=progress) if progress else build(recipe, cache)
-    return Engine.load(recipe, cache)
+    # The build's holds last until the engine holds the artifacts itself: `clean` cannot slip in between.
+    with build(recipe, cache, progress=progress, hold=True) if progress else build(recipe, cache, hold=True):
+        return Engine.load(recipe, cache)

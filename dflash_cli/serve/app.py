@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -13,21 +14,26 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from dflash_cli.errors import DFlashError
+from dflash_cli.serve.intake import Intake, default_limit
 from dflash_cli.serve.metrics import ServerMetrics
-from dflash_cli.serve.protocol import ApiError, GenRequest, chunk, full_response, parse_request, usage, usage_chunk
+from dflash_cli.serve.protocol import ApiError, chunk, full_response, usage, usage_chunk
 from dflash_cli.serve.scheduler import Job, Outcome, QueueFull, Scheduler
 
 RETRY_AFTER_S = 1  # what a 503 tells the client to wait; one verify step is far shorter
+log = logging.getLogger("dflash.serve")
 
 
-def create_app(engine: Any, *, model_name: str, queue_size: int = 8, mode: str = "dflash") -> FastAPI:
+def create_app(
+    engine: Any, *, model_name: str, queue_size: int = 8, mode: str = "dflash", max_request_bytes: int | None = None
+) -> FastAPI:
     """An app serving `engine` (an opened `Engine`) as `model_name`; one generation at a time."""
     metrics = ServerMetrics(model_name, engine.block_size if mode != "plain" else 1)
     scheduler = Scheduler(engine, queue_size, metrics, mode)
+    intake = Intake(engine, model_name, max_request_bytes or default_limit(engine.ctx_len))
     created = int(time.time())
     app = FastAPI(title="dflash serve", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.scheduler, app.state.metrics, app.state.engine = scheduler, metrics, engine
+    app.state.intake = intake
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
@@ -37,6 +43,13 @@ def create_app(engine: Any, *, model_name: str, queue_size: int = 8, mode: str =
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         err = ApiError(f"{request.method} {request.url.path}: {exc.detail}", status=exc.status_code)
         return JSONResponse(err.body(), status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def _bug(request: Request, exc: Exception) -> JSONResponse:
+        # Our own bug: still an OpenAI-style body (the traceback goes to the log).
+        log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+        err = ApiError(f"internal server error: {type(exc).__name__}", status=500, code="internal_error")
+        return JSONResponse(err.body(), status_code=500)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -66,20 +79,9 @@ def create_app(engine: Any, *, model_name: str, queue_size: int = 8, mode: str =
         return await _serve(request, "chat")
 
     async def _serve(request: Request, kind: str) -> Response:
-        try:
-            body = json.loads(await request.body())
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ApiError(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
-        req = parse_request(body, kind, model_name, engine.recipe.run)
-        with scheduler.tokenizer_lock:
-            prompt_ids = _encode(engine, req)
-        if not req.max_tokens_given:  # like vLLM: an unspecified length never overflows the context
-            room = engine.positions_for_generation - len(prompt_ids)
-            req.max_tokens = max(1, min(req.max_tokens, room))
-        try:
-            engine.check_request(prompt_ids, req.max_tokens, req.temperature, req.top_k, req.top_p)
-        except DFlashError as exc:
-            raise ApiError.from_dflash(exc) from None
+        if scheduler.closing:
+            raise _shutting_down()
+        req, prompt_ids = await intake.read(request, kind)
         job = Job(req, prompt_ids, asyncio.get_running_loop())
         try:
             scheduler.submit(job)
@@ -93,24 +95,20 @@ def create_app(engine: Any, *, model_name: str, queue_size: int = 8, mode: str =
                 headers={"Retry-After": str(RETRY_AFTER_S)},
             ) from None
         if req.stream:
-            return StreamingResponse(_events(job), media_type="text/event-stream")
-        return await _whole(job, request)
+            return StreamingResponse(_events(job, scheduler), media_type="text/event-stream")
+        return await _whole(job, request, scheduler)
 
     return app
 
 
-def _encode(engine: Any, req: GenRequest) -> list[int]:
-    try:
-        if req.kind == "chat":
-            return engine.encode_chat(req.prompt, req.enable_thinking)
-        if isinstance(req.prompt, list):  # token ids
-            vocab = len(engine.tokenizer)
-            if any(not 0 <= t < vocab for t in req.prompt):
-                raise ApiError(f"prompt token ids must be in [0, {vocab})", param="prompt")
-            return list(req.prompt)
-        return engine.encode_prompt(req.prompt)
-    except DFlashError as exc:
-        raise ApiError.from_dflash(exc) from None
+def _shutting_down() -> ApiError:
+    return ApiError(
+        "the server is shutting down",
+        status=503,
+        code="server_shutting_down",
+        hint="retry once it is back (or on another replica)",
+        headers={"Retry-After": str(RETRY_AFTER_S)},
+    )
 
 
 def _extension(outcome: Outcome) -> dict[str, Any]:
@@ -118,17 +116,16 @@ def _extension(outcome: Outcome) -> dict[str, Any]:
     return {"acceptance_lengths": r.accept_lengths, "tau": r.tau, "mode": r.mode}
 
 
-async def _whole(job: Job, request: Request) -> Response:
-    """Wait for the whole completion; a client that goes away cancels it (freeing the engine)."""
+async def _whole(job: Job, request: Request, scheduler: Scheduler) -> Response:
+    """Wait for the whole completion; a client that goes away cancels it at the next step."""
+    watcher = asyncio.create_task(_watch_disconnect(request, job))
     try:
         while True:
-            try:
-                kind, payload = await asyncio.wait_for(job.events.get(), timeout=0.25)
-            except TimeoutError:
-                if await request.is_disconnected():
-                    job.cancel.set()
-                    return Response(status_code=499)
-                continue
+            kind, payload = await job.events.get()
+            if kind == "gone" or (kind == "done" and payload is None):
+                return Response(status_code=499)  # nobody reads it; nginx's code for a closed client
+            if kind == "cut":
+                raise _shutting_down()
             if kind == "error":
                 raise payload
             if kind == "done":
@@ -137,10 +134,19 @@ async def _whole(job: Job, request: Request) -> Response:
                 body = full_response(job.req, payload.text, payload.finish_reason, use, ext, payload.result.tokens)
                 return JSONResponse(body)
     finally:
-        job.cancel.set()  # harmless once done; stops the worker if this handler was cancelled
+        watcher.cancel()
+        scheduler.release(job)  # also stops the worker if this handler was cancelled
 
 
-async def _events(job: Job) -> AsyncIterator[str]:
+async def _watch_disconnect(request: Request, job: Job) -> None:
+    # The body is read, so the next ASGI message is the client's disconnect (or the end of the response).
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    job.cancel.set()
+    job.events.put_nowait(("gone", None))
+
+
+async def _events(job: Job, scheduler: Scheduler) -> AsyncIterator[str]:
     """Server-sent events: text as it is committed, a closing chunk, usage if asked, then [DONE]."""
     req = job.req
     try:
@@ -153,6 +159,9 @@ async def _events(job: Job) -> AsyncIterator[str]:
             elif kind == "error":
                 yield _sse(payload.body())
                 break
+            elif kind == "cut":  # shutdown's deadline: close the stream properly rather than drop it
+                yield _sse(chunk(req, None, "abort"))
+                break
             elif kind == "done":
                 if payload is not None:
                     yield _sse({**chunk(req, None, payload.finish_reason), **_extension(payload)})
@@ -161,7 +170,7 @@ async def _events(job: Job) -> AsyncIterator[str]:
                 break
         yield "data: [DONE]\n\n"
     finally:
-        job.cancel.set()  # a client that disconnected mid-stream frees the engine at the next verify step
+        scheduler.release(job)  # a client that disconnected mid-stream frees the engine at the next step
 
 
 def _sse(doc: dict) -> str:

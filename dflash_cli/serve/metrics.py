@@ -45,6 +45,11 @@ class ServerMetrics:
                 for i in range(accepted):
                     self.accepted_per_pos[i] += 1
 
+    def count_finished(self, finish_reason: str) -> None:
+        """A request that ended before it generated anything (cancelled while waiting)."""
+        with self._lock:
+            self.success[finish_reason] = self.success.get(finish_reason, 0) + 1
+
     def count_error(self) -> None:
         with self._lock:
             self.errors += 1

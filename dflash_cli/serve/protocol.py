@@ -67,6 +67,7 @@ def parse_request(body: Any, kind: str, model_name: str, defaults: Any) -> GenRe
     """Validate one request body; `defaults` is the recipe's run section (what `dflash run` uses)."""
     if not isinstance(body, dict):
         raise ApiError("the request body must be a JSON object", code="invalid_json")
+    _refuse_lone_surrogates(body)
     model = body.get("model", model_name)
     if model != model_name:
         raise ApiError(
@@ -112,6 +113,28 @@ def parse_request(body: Any, kind: str, model_name: str, defaults: Any) -> GenRe
         return_token_ids=_bool(body, "return_token_ids"),
         max_tokens_given=body.get(max_key) is not None,
     )
+
+
+def _refuse_lone_surrogates(body: dict) -> None:
+    """JSON may escape half a UTF-16 pair ("\\ud800"); no tokenizer can encode the string it makes."""
+    stack: list[tuple[str, Any]] = [("", body)]
+    while stack:  # not recursive: the body may nest as deep as the JSON parser allows
+        where, value = stack.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                bad = f"\\u{ord(value[exc.start]):04x}"
+                raise ApiError(
+                    f"{where or 'the body'} holds a lone UTF-16 surrogate ({bad}), which is not text",
+                    param=where.split("[")[0].split(".")[0] or None,
+                    hint="send valid UTF-8 (escape both halves of a surrogate pair)",
+                ) from None
+        elif isinstance(value, dict):
+            stack += [(f"{where}.{k}" if where else str(k), v) for k, v in value.items()]
+            stack += [(f"{where}.<key>" if where else "<key>", k) for k in value]
+        elif isinstance(value, list):
+            stack += [(f"{where}[{i}]", v) for i, v in enumerate(value)]
 
 
 def _prompt(value: Any) -> str | list[int]:

@@ -3,7 +3,8 @@
 Requests wait in a bounded queue; a full queue is refused at once (the caller answers 503). Each
 job carries a cancel flag: the decoding loop checks it after every verify step, so a client that
 disconnects frees the engine at the next step, and a job cancelled while waiting never starts.
-Results travel back to the event loop of the request that asked for them.
+Results travel back to the event loop of the request that asked for them. At shutdown, `cut_all`
+tells every live request's handler to answer now (the worker stops its job at the next step).
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ class Outcome:
 
 class Job:
     """A request handed to the worker; events arrive on `events` as (kind, payload):
-    ("text", str), then ("done", Outcome | None when cancelled before it started) or ("error", ApiError)."""
+    ("text", str), then ("done", Outcome | None when cancelled before it started) or ("error", ApiError);
+    the handler side may add ("gone", None) when its client disconnects, or ("cut", None) at shutdown."""
 
     def __init__(self, req: GenRequest, prompt_ids: list[int], loop: asyncio.AbstractEventLoop) -> None:
         self.req, self.prompt_ids, self.loop = req, prompt_ids, loop
@@ -55,11 +57,10 @@ class Scheduler:
         self.engine, self.queue_size, self.metrics, self.mode = engine, queue_size, metrics, mode
         self._jobs: queue.Queue[Job | None] = queue.Queue()
         self._lock = threading.Lock()
-        # Hugging Face fast tokenizers may refuse concurrent use ("Already borrowed"); the request
-        # handlers encode on the event loop while this thread decodes, so both take this lock.
-        self.tokenizer_lock = threading.Lock()
         self.waiting = 0
         self.running = 0
+        self._live: set[Job] = set()  # submitted and not yet answered by their handler
+        self.closing = False  # set when shutdown begins: new requests get 503
         self._thread = threading.Thread(target=self._work, name="dflash-engine", daemon=True)
         self._thread.start()
 
@@ -68,7 +69,23 @@ class Scheduler:
             if self.running + self.waiting >= 1 + self.queue_size:
                 raise QueueFull
             self.waiting += 1
+            self._live.add(job)
         self._jobs.put(job)
+
+    def release(self, job: Job) -> None:
+        """The handler has answered: the job no longer needs a word at shutdown (and is cancelled)."""
+        job.cancel.set()
+        with self._lock:
+            self._live.discard(job)
+
+    def cut_all(self) -> int:
+        """Shutdown's deadline: every live handler answers at once; returns how many were cut."""
+        with self._lock:
+            live = list(self._live)
+        for job in live:
+            job.cancel.set()
+            job.emit("cut", None)
+        return len(live)
 
     def counts(self) -> tuple[int, int]:
         with self._lock:
@@ -88,6 +105,7 @@ class Scheduler:
                 self.running += 1
             try:
                 if job.cancel.is_set():
+                    self.metrics.count_finished("abort")
                     job.emit("done", None)
                     continue
                 outcome = self._generate(job)
@@ -104,13 +122,9 @@ class Scheduler:
                 with self._lock:
                     self.running -= 1
 
-    def _decode(self, ids: list[int]) -> str:
-        with self.tokenizer_lock:
-            return self.engine.decode(ids)
-
     def _generate(self, job: Job) -> Outcome:
         req = job.req
-        stream = TextStream(self._decode, req.stop)
+        stream = TextStream(self.engine.decode, req.stop)  # only this thread uses the engine's tokenizer
 
         def on_commit(new: list[int]) -> str | None:
             delta = stream.push(new)

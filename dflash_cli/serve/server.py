@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import socket
 from types import FrameType
@@ -34,14 +35,19 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve_forever(app: Any, sock: socket.socket, *, access_log: bool = False, graceful_s: float = 30.0) -> None:
-    """Serve until SIGINT/SIGTERM; requests in flight get `graceful_s` seconds to finish, then are cut."""
+CUT_MARGIN_S = 2.0  # after our own deadline, uvicorn's: a backstop that drops whatever is still open
+
+
+def build_server(app: Any, *, access_log: bool = False, graceful_s: float = 30.0) -> Any:
+    """A uvicorn server for `app`: a stop signal gives requests in flight `graceful_s` seconds to
+    finish; then each is answered properly (a 503 error, or a stream's final chunk and [DONE])."""
     try:
         import uvicorn
     except ImportError:
         raise ServeError(
             "uvicorn is not installed", hint="pip install 'dflash-toolchain' again (it depends on it)"
         ) from None
+    scheduler = app.state.scheduler
 
     class _Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:
@@ -52,11 +58,26 @@ def serve_forever(app: Any, sock: socket.socket, *, access_log: bool = False, gr
             else:
                 self.should_exit = True
 
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            scheduler.closing = True
+            # uvicorn's own deadline cancels handlers mid-answer (a plain-text 500, a stream cut
+            # without [DONE]); ours comes first and lets every handler answer.
+            cut = asyncio.get_running_loop().call_later(graceful_s, scheduler.cut_all)
+            try:
+                await super().shutdown(sockets)
+            finally:
+                cut.cancel()
+
     config = uvicorn.Config(
         app,
         log_level="info" if access_log else "warning",
         access_log=access_log,
         lifespan="off",
-        timeout_graceful_shutdown=graceful_s,
+        timeout_graceful_shutdown=graceful_s + CUT_MARGIN_S,
     )
-    _Server(config).run(sockets=[sock])
+    return _Server(config)
+
+
+def serve_forever(server: Any, sock: socket.socket) -> None:
+    """Serve until SIGINT/SIGTERM."""
+    server.run(sockets=[sock])

@@ -1,0 +1,102 @@
+"""A request's way in: the body read within a size limit, then parsed, validated and tokenised on a
+thread of its own, so a huge or hostile request never holds up the event loop (other clients,
+/health) or the engine's thread (which decodes with its own tokenizer)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from dflash_cli.errors import DFlashError
+from dflash_cli.serve.protocol import ApiError, GenRequest, parse_request
+
+MIN_LIMIT = 1 << 20
+BYTES_PER_POSITION = 32  # a full context of escaped non-ASCII text is ~9 bytes a token: 32 is generous
+DRAIN_BYTES = 64 << 20  # an over-limit body up to this size is read and dropped, so the client gets
+# to read the 413 rather than a connection reset in the middle of its upload
+
+
+def default_limit(ctx_len: int) -> int:
+    """Request bytes a server accepts by default: far more than a prompt filling the context needs."""
+    return max(MIN_LIMIT, BYTES_PER_POSITION * ctx_len)
+
+
+class Intake:
+    def __init__(self, engine: Any, model_name: str, limit: int) -> None:
+        self.engine = engine.with_own_tokenizer()
+        self.model_name, self.limit = model_name, limit
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="dflash-intake")
+
+    async def read(self, request: Any, kind: str) -> tuple[GenRequest, list[int]]:
+        raw = await self._body(request)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self._prepare, raw, kind)
+
+    async def _body(self, request: Any) -> bytes:
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.limit:
+            await self._drain(request, int(declared))
+            raise self._too_large(int(declared))
+        parts, size = [], 0
+        async for part in request.stream():
+            size += len(part)
+            if size > self.limit:
+                await self._drain(request, size)
+                raise self._too_large(None)
+            parts.append(part)
+        return b"".join(parts)
+
+    async def _drain(self, request: Any, size: int) -> None:
+        if size > DRAIN_BYTES:
+            return  # not worth reading: the connection closes after the answer
+        try:
+            async for part in request.stream():
+                size += len(part)
+                if size > DRAIN_BYTES:
+                    return
+        except Exception:  # the client gave up first; the answer goes nowhere either way
+            return
+
+    def _too_large(self, size: int | None) -> ApiError:
+        said = f" ({size} bytes)" if size is not None else ""
+        return ApiError(
+            f"the request body{said} is over this server's limit of {self.limit} bytes",
+            status=413,
+            code="request_too_large",
+            hint="a prompt cannot be longer than the context anyway; raise the limit with "
+            "--set serve.max_request_bytes=N if a valid request needs it",
+        )
+
+    def _prepare(self, raw: bytes, kind: str) -> tuple[GenRequest, list[int]]:
+        try:
+            body = json.loads(raw)
+        except RecursionError:
+            raise ApiError("the request body nests too deeply to be a request", code="invalid_json") from None
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ApiError(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+        engine = self.engine
+        req = parse_request(body, kind, self.model_name, engine.recipe.run)
+        prompt_ids = _encode(engine, req)
+        if not req.max_tokens_given:  # like vLLM: an unspecified length never overflows the context
+            room = engine.positions_for_generation - len(prompt_ids)
+            req.max_tokens = max(1, min(req.max_tokens, room))
+        try:
+            engine.check_request(prompt_ids, req.max_tokens, req.temperature, req.top_k, req.top_p)
+        except DFlashError as exc:
+            raise ApiError.from_dflash(exc) from None
+        return req, prompt_ids
+
+
+def _encode(engine: Any, req: GenRequest) -> list[int]:
+    try:
+        if req.kind == "chat":
+            return engine.encode_chat(req.prompt, req.enable_thinking)
+        if isinstance(req.prompt, list):  # token ids
+            vocab = len(engine.tokenizer)
+            if any(not 0 <= t < vocab for t in req.prompt):
+                raise ApiError(f"prompt token ids must be in [0, {vocab})", param="prompt")
+            return list(req.prompt)
+        return engine.encode_prompt(req.prompt)
+    except DFlashError as exc:
+        raise ApiError.from_dflash(exc) from None
