@@ -5,11 +5,17 @@ renames the directory into place, so a crash leaves a tmp dir, never something t
 Only a directory whose manifest parses, names the same stage and key, and whose listed outputs
 exist with their recorded sizes counts as a hit. A per-key file lock lets concurrent builds of
 the same artifact wait for one another instead of racing.
+
+Whoever reads a published artifact (a build reading an upstream stage, an engine serving compiled
+graphs) holds a shared `flock` on `locks/<stage>-<key>.use` for as long as it reads; `clean` removes
+an artifact only under an exclusive one taken without waiting, so it skips what is in use. The kernel
+drops a dead process's locks, and lock files are never deleted (a waiter would lock a stale inode).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -17,6 +23,7 @@ import re
 import shutil
 import tempfile
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -108,11 +115,38 @@ class VerifyReport:
         return not self.problems
 
 
+@dataclass(frozen=True)
+class InUse:
+    """An artifact `clean` left alone: a build or an engine holds it (`pids`: its holders, when known)."""
+
+    entry: Entry
+    pids: tuple[int, ...] = ()
+
+
 @dataclass
 class CleanReport:
     removed: list[Entry] = field(default_factory=list)
     bytes_freed: int = 0
     tmp_removed: int = 0
+    in_use: list[InUse] = field(default_factory=list)
+
+
+class ArtifactHold:
+    """A shared lock on one artifact: `clean` leaves the artifact alone until `release()` (or until this
+    object is garbage collected, or its process ends)."""
+
+    def __init__(self, fd: int | None) -> None:
+        self._release = weakref.finalize(self, os.close, fd) if fd is not None else None
+
+    def release(self) -> None:
+        if self._release is not None:
+            self._release()
+
+    def __enter__(self) -> ArtifactHold:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
 
 class Cache:
@@ -149,6 +183,12 @@ class Cache:
             ) from None
 
     # -- lookup ---------------------------------------------------------------------------------
+
+    def damage(self, stage: str, key: str) -> tuple[str | None, bool]:
+        """(what is wrong with the artifact at (stage, key) or None, whether its manifest is still there);
+        stat-level, no hashing."""
+        manifest, problem = self._check(stage, key, self.path_for(stage, key))
+        return problem, manifest is not None
 
     def lookup(self, stage: str, key: str) -> Path | None:
         """The artifact directory if it is a complete artifact for (stage, key), else None."""
@@ -233,6 +273,69 @@ class Cache:
             yield
         finally:
             lock.release()
+
+    def hold(self, stage: str, key: str) -> ArtifactHold:
+        """A shared lock on (stage, key)'s artifact for as long as it is read; `clean` skips it meanwhile.
+
+        Take it before looking the artifact up. It waits only while a `clean` is removing this very
+        artifact (then the lookup misses and the artifact is built again). A cache whose locks cannot be
+        written (a read-only copy) gets a no-op hold: nobody can clean it either.
+        """
+        fd = self._open_lock(self._use_lock(stage, key))
+        if fd is None:
+            return ArtifactHold(None)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        except BaseException:
+            os.close(fd)
+            raise
+        return ArtifactHold(fd)
+
+    def _use_lock(self, stage: str, key: str) -> Path:
+        return self.locks_dir / f"{stage}-{key}.use"
+
+    def _open_lock(self, path: Path) -> int | None:
+        """A descriptor to flock `path` through (created if need be); None where the cache is read-only."""
+        with contextlib.suppress(OSError):
+            self.locks_dir.mkdir(parents=True, exist_ok=True)
+        for flags in (os.O_RDWR | os.O_CREAT, os.O_RDONLY):
+            with contextlib.suppress(OSError):
+                return os.open(path, flags | os.O_CLOEXEC, 0o666)
+        return None
+
+    @contextlib.contextmanager
+    def _claim(self, entry: Entry) -> Iterator[InUse | None]:
+        """Exclusive hold of an artifact, without waiting: yields None when claimed (remove it now), else
+        who holds it. A build producing the same key (it holds the key's build lock) is a holder too."""
+        use = self._use_lock(entry.stage, entry.key)
+        build = self.locks_dir / f"{entry.stage}-{entry.key}.lock"
+        fd = self._open_lock(use)
+        if fd is None:  # a read-only cache: nothing can hold it for writing, nor can this remove it
+            yield None
+            return
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                busy = None
+            except BlockingIOError:
+                busy = InUse(entry, _flock_holders(use))
+            if busy is not None:
+                yield busy
+                return
+            lock = FileLock(str(build))
+            try:
+                lock.acquire(timeout=0)
+            except Timeout:
+                busy = InUse(entry, _flock_holders(build))
+            if busy is not None:
+                yield busy
+                return
+            try:
+                yield None
+            finally:
+                lock.release()
+        finally:
+            os.close(fd)  # drops the exclusive lock
 
     @contextlib.contextmanager
     def staging(self, stage: str, key: str) -> Iterator[Path]:
@@ -334,18 +437,36 @@ class Cache:
         return reports
 
     def clean(self, older_than_s: float | None = None, dry_run: bool = False) -> CleanReport:
-        """Remove artifacts (all, or those created more than `older_than_s` ago) and stale tmp dirs."""
+        """Remove artifacts (all, or those created more than `older_than_s` ago) and stale tmp dirs.
+
+        An artifact that a running build or engine holds (`hold`), or that a build is replacing, is skipped
+        and listed in `in_use`. Each other one is renamed into one trash dir under its exclusive lock.
+        """
         report = CleanReport()
-        for entry in self.entries():
-            if older_than_s is not None and entry.age_s < older_than_s:
-                continue
-            report.removed.append(entry)
-        # A file hard-linked into an artifact that stays (or into the user's checkpoint) is not freed:
-        # removing a directory only drops its own links, so a shared file lives on where still used.
-        report.bytes_freed = _freed_bytes([e.path for e in report.removed])
-        if not dry_run:
-            for entry in report.removed:
-                self._trash(entry.path)
+        trash: Path | None = None
+        try:
+            for n, entry in enumerate(self.entries()):
+                if older_than_s is not None and entry.age_s < older_than_s:
+                    continue
+                with self._claim(entry) as busy:
+                    if busy is not None:
+                        report.in_use.append(busy)
+                        continue
+                    if dry_run:
+                        report.removed.append(entry)
+                        continue
+                    if trash is None:
+                        self.tmp_dir.mkdir(parents=True, exist_ok=True)
+                        trash = Path(tempfile.mkdtemp(prefix="trash-", dir=self.tmp_dir))
+                    with contextlib.suppress(FileNotFoundError):  # unless another clean removed it meanwhile
+                        os.rename(entry.path, trash / f"{n}-{entry.key}")
+                        report.removed.append(entry)
+            # A file hard-linked into an artifact that stays (or into the user's checkpoint) is not freed:
+            # removing a directory only drops its own links, so a shared file lives on where still used.
+            report.bytes_freed = _freed_bytes([trash] if trash else [e.path for e in report.removed])
+        finally:
+            if trash is not None:
+                shutil.rmtree(trash, ignore_errors=True)
         if not dry_run:
             report.tmp_removed = self.clean_stale_tmp()
         return report
@@ -384,7 +505,8 @@ class Cache:
         # Rename first so a half-deleted directory can never be mistaken for an artifact.
         self.tmp_dir.mkdir(parents=True, exist_ok=True)
         trash = Path(tempfile.mkdtemp(prefix="trash-", dir=self.tmp_dir))
-        os.rename(path, trash / path.name)
+        with contextlib.suppress(FileNotFoundError):  # already gone: nothing to remove
+            os.rename(path, trash / path.name)
         shutil.rmtree(trash, ignore_errors=True)
 
 
@@ -396,6 +518,23 @@ def known_digests(manifests: list[dict[str, Any]]) -> dict[tuple[int, int, int],
             if "inode" in out and "mtime_ns" in out:
                 found[(out["inode"], out["size"], out["mtime_ns"])] = out["sha256"]
     return found
+
+
+def _flock_holders(path: Path) -> tuple[int, ...]:
+    """Pids holding a flock on `path`, from Linux's /proc/locks; () where that is unknown."""
+    try:
+        st = path.stat()
+        lines = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        return ()
+    ident = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    same_dev, same_ino = set(), set()
+    for line in lines:
+        fields = line.split()  # "1: FLOCK  ADVISORY  READ 1234 fe:00:2671359 0 EOF"; waiters have a "->"
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[4].isdigit():
+            if fields[5].rsplit(":", 1)[-1] == str(st.st_ino):
+                (same_dev if fields[5] == ident else same_ino).add(int(fields[4]))
+    return tuple(sorted((same_dev or same_ino) - {0}))  # an overlay filesystem may report another device
 
 
 def _mtime(path: Path) -> float:

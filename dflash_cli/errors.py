@@ -59,3 +59,11 @@ class ThresholdError(DFlashError):
 
 class ServeError(DFlashError):
     """The server cannot start: address in use, missing serving dependencies."""
+
+
+class EndpointError(DFlashError):
+    """A benchmarked server (`dflash bench --endpoint`) misbehaved: a bad reply, a broken stream, no answer."""
+
+
+class InputVanishedError(CacheError):
+    """What a running stage reads (an upstream artifact) or writes (its working directory) was removed."""

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from dflash_cli.cache import Cache, CorruptArtifactError, compute_key, known_digests
-from dflash_cli.errors import CacheError, DFlashError
+from dflash_cli.cache import ArtifactHold, Cache, CorruptArtifactError, compute_key, known_digests
+from dflash_cli.errors import CacheError, DFlashError, InputVanishedError
 from dflash_cli.stages.base import Stage, StageContext
 from dflash_cli.versions import key_versions, tool_versions
 
@@ -74,9 +74,23 @@ class StageResult:
 class BuildResult:
     recipe: str
     stages: list[StageResult] = field(default_factory=list)
+    # With build(hold=True): shared locks on the artifacts, so `dflash cache clean` leaves them alone
+    # until release() (or until this result is garbage collected).
+    holds: list[ArtifactHold] = field(default_factory=list, repr=False, compare=False)
 
     def path(self, stage: str) -> Path:
         return next(s.path for s in self.stages if s.name == stage)
+
+    def release(self) -> None:
+        for held in self.holds:
+            held.release()
+        self.holds.clear()
+
+    def __enter__(self) -> BuildResult:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
     def to_dict(self) -> dict[str, Any]:
         return {"recipe": self.recipe, "stages": [s.to_dict() for s in self.stages]}
@@ -141,12 +155,14 @@ def build(
     rebuild: Collection[str] = frozenset(),
     progress: ProgressCallback | None = None,
     stages: Sequence[Stage] | None = None,
+    hold: bool = False,
 ) -> BuildResult:
     """Run every stage (up to and including `upto`) whose artifact is not cached.
 
     `force` rebuilds every stage. `rebuild` names stages to rebuild; because a rebuilt stage's key
     does not change, downstream stages would otherwise be reused as-is, so the earliest named stage
-    and everything after it are rebuilt.
+    and everything after it are rebuilt. Each artifact is held (a shared lock `clean` respects) from
+    before its lookup until the build returns; with `hold`, until the result's release().
     """
     all_stages = _resolve_stages(stages)
     names = [s.name for s in all_stages]
@@ -159,11 +175,30 @@ def build(
     planned = plan(recipe, selected)
     cache.ensure_writable()
     result = BuildResult(recipe=recipe.name)
+    try:
+        _build_all(recipe, cache, planned, result, emit, force=force, first_rebuild=first_rebuild)
+    finally:
+        if not hold:
+            result.release()
+    return result
+
+
+def _build_all(
+    recipe: Any,
+    cache: Cache,
+    planned: list[PlannedStage],
+    result: BuildResult,
+    emit: ProgressCallback,
+    *,
+    force: bool,
+    first_rebuild: int,
+) -> None:
     paths: dict[str, Path] = {}
     for index, item in enumerate(planned):
         events = _Emitter(emit, item.stage.name, index, len(planned))
         events("start")
         t0 = time.perf_counter()
+        result.holds.append(cache.hold(item.stage.name, item.key))
         status, path = _build_one(item, recipe, cache, paths, events, must_build=force or index >= first_rebuild)
         paths[item.stage.name] = path
         entry = cache.entry(item.stage.name, item.key)
@@ -181,7 +216,6 @@ def build(
         )
         result.stages.append(stage_result)
         events("done", status, stage_result)
-    return result
 
 
 def artifact_path(recipe: Any, cache: Cache, stage: str, stages: Sequence[Stage] | None = None) -> Path:
@@ -190,16 +224,29 @@ def artifact_path(recipe: Any, cache: Cache, stage: str, stages: Sequence[Stage]
 
 
 def artifact_paths(
-    recipe: Any, cache: Cache, wanted: Sequence[str], stages: Sequence[Stage] | None = None
+    recipe: Any,
+    cache: Cache,
+    wanted: Sequence[str],
+    stages: Sequence[Stage] | None = None,
+    holds: list[ArtifactHold] | None = None,
 ) -> dict[str, Path]:
-    """Several published artifacts from one plan (keys, and so checkpoint fingerprints, computed once)."""
+    """Several published artifacts from one plan (keys, and so checkpoint fingerprints, computed once).
+
+    With `holds`, each artifact is held (a shared lock `clean` respects) before it is looked up and the
+    hold appended there: the caller keeps the artifacts for as long as it keeps the holds.
+    """
     all_stages = _resolve_stages(stages)
     names = [s.name for s in all_stages]
     for stage in wanted:
         _check_stage_name(stage, names)
     last = max(names.index(stage) for stage in wanted)
     keys = {item.stage.name: item.key for item in plan(recipe, all_stages[: last + 1])}
-    return {stage: _published(recipe, cache, stage, keys[stage]) for stage in wanted}
+    paths = {}
+    for stage in wanted:
+        if holds is not None:
+            holds.append(cache.hold(stage, keys[stage]))
+        paths[stage] = _published(recipe, cache, stage, keys[stage])
+    return paths
 
 
 _DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}
@@ -272,17 +319,33 @@ def _build_one(
                     progress=lambda m: events("message", m),
                 )
                 t0 = time.perf_counter()
-                facts = item.stage.run(ctx) or {}
-                manifest = {
-                    "recipe": recipe.name,
-                    "stage_version": item.stage.version,
-                    "inputs": item.fields,
-                    "upstream": item.upstream,
-                    "versions": tool_versions(),
-                    "facts": facts,
-                }
-                upstream = [e.manifest for u in item.upstream if (e := cache.entry(u, item.upstream[u])) and e.manifest]
-                path, _ = cache.publish(tmp, name, key, manifest, time.perf_counter() - t0, known_digests(upstream))
+                try:
+                    facts = item.stage.run(ctx) or {}
+                    # A stage that skipped a file which vanished (an `is_file()` test) would publish an
+                    # incomplete artifact: its inputs must still be whole now.
+                    vanished = _vanished(recipe, cache, item, tmp)
+                    if vanished is not None:
+                        raise vanished
+                    manifest = {
+                        "recipe": recipe.name,
+                        "stage_version": item.stage.version,
+                        "inputs": item.fields,
+                        "upstream": item.upstream,
+                        "versions": tool_versions(),
+                        "facts": facts,
+                    }
+                    upstream = [
+                        e.manifest for u in item.upstream if (e := cache.entry(u, item.upstream[u])) and e.manifest
+                    ]
+                    path, _ = cache.publish(tmp, name, key, manifest, time.perf_counter() - t0, known_digests(upstream))
+                except InputVanishedError:
+                    raise
+                except Exception as exc:
+                    # Removed by hand (rm -rf) while the stage read it: one error line, not a library's traceback.
+                    vanished = _vanished(recipe, cache, item, tmp, exc)
+                    if vanished is None:
+                        raise
+                    raise vanished from exc
         except OSError as exc:
             if exc.errno not in _DISK_ERRORS:
                 raise
@@ -291,6 +354,35 @@ def _build_one(
                 hint="free disk space (`dflash cache clean --older-than 7d`) or pass --cache-dir on a larger disk",
             ) from None
     return "built", path
+
+
+def _vanished(
+    recipe: Any, cache: Cache, item: PlannedStage, tmp: Path, exc: BaseException | None = None
+) -> InputVanishedError | None:
+    """The error to raise when what a running stage reads or writes disappeared (an upstream artifact, its
+    working directory, or with `exc` any file not found), None when nothing did."""
+    name = item.stage.name
+    command = _build_command(recipe)
+    for upstream, key in item.upstream.items():
+        problem, has_manifest = cache.damage(upstream, key)
+        if problem is not None:
+            what = "was removed" if problem == "missing" else f"was removed or damaged ({problem})"
+            return InputVanishedError(
+                f"{name} stopped: its input, the {upstream} artifact {key[:12]}, {what} while it ran "
+                "(nothing was published)",
+                hint=f"rebuild: {command}" + (f" --rebuild {upstream}" if has_manifest else ""),
+            )
+    if not tmp.is_dir():
+        return InputVanishedError(
+            f"{name} stopped: its working directory {tmp} was removed while it ran (nothing was published)",
+            hint=f"rebuild: {command}",
+        )
+    if isinstance(exc, FileNotFoundError):
+        return InputVanishedError(
+            f"{name} stopped: {exc.filename or exc} vanished while it ran (nothing was published)",
+            hint=f"rebuild: {command}",
+        )
+    return None
 
 
 def peak_rss_bytes() -> int:

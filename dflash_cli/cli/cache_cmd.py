@@ -122,7 +122,8 @@ def clean_command(
 ) -> None:
     """Remove cached artifacts (all, or older than --older-than) and leftovers of interrupted builds.
 
-    Files another artifact still uses (hard-linked weights) stay until nothing uses them."""
+    Files another artifact still uses (hard-linked weights) stay until nothing uses them. Artifacts a running
+    build, run, serve or bench is reading are skipped (and named); clean again once it has finished."""
     cache = Cache(cache_dir)
     if older_than is None and not dry_run and not yes:
         _confirm_everything(cache)
@@ -135,13 +136,28 @@ def clean_command(
                 "removed": [{"recipe": e.recipe, "stage": e.stage, "key": e.key} for e in report.removed],
                 "bytes_freed": report.bytes_freed,
                 "tmp_removed": report.tmp_removed,
+                "in_use": [
+                    {"recipe": u.entry.recipe, "stage": u.entry.stage, "key": u.entry.key, "pids": list(u.pids)}
+                    for u in report.in_use
+                ],
             }
         )
         return
     verb = "would remove" if dry_run else "removed"
-    err_console().print(
+    console = err_console()
+    console.print(
         f"{verb} {len(report.removed)} artifact(s), {human_size(report.bytes_freed)}"
         + (f", {report.tmp_removed} stale temp dir(s)" if report.tmp_removed else ""),
         markup=False,
         highlight=False,
     )
+    if report.in_use:
+        pids = sorted({pid for u in report.in_use for pid in u.pids})
+        which = ", ".join(f"{u.entry.recipe} {u.entry.stage} {short_key(u.entry.key)}" for u in report.in_use)
+        console.print(
+            f"skipped {len(report.in_use)} artifact(s) in use by a running build or run"
+            + (f" (pid {', '.join(map(str, pids))})" if pids else "")
+            + f": {which}",
+            markup=False,
+            highlight=False,
+        )

@@ -67,7 +67,8 @@ def check_command(
 
     r = load_recipe(recipe, set_ or [])
     cache = Cache(cache_dir)
-    result = build(r, cache, upto="compile" if fp16_prompts or bands else "export")
+    # Held until the check ends (the result's locks), so `dflash cache clean` leaves what it reads alone.
+    result = build(r, cache, upto="compile" if fp16_prompts or bands else "export", hold=True)
     report = readiness_report(result.path("export"))
     doc = {"recipe": r.name, "readiness": report.to_dict()}
     console = err_console()

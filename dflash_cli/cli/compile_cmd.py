@@ -67,7 +67,7 @@ def compile_command(
     from dflash_cli.recipe import load_recipe
 
     r = load_recipe(recipe, overrides)
-    result = build(r, Cache(cache_dir), upto="export")
+    result = build(r, Cache(cache_dir), upto="export", hold=True)  # `cache clean` spares it while we copy
     options = QaicCompileOptions.from_mapping(r.compile.qaic.model_dump())
     bundle = emit_bundle(result.path("export"), emit_script, options, r.compile.qaic.aic_hw_version)
     if json_:
