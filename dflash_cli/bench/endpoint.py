@@ -6,15 +6,21 @@ chunk, TPOT = (last chunk - first chunk) / (completion tokens - 1). Acceptance c
 server's Prometheus `/metrics` spec-decode counters (vLLM's names: vLLM, SGLang with them, and
 `dflash serve`), read before and after each request; without them it is reported as unavailable.
 With a recipe as well, greedy runs compare the server's text with plain decoding of that recipe.
+
+A misbehaving server fails the run with one EndpointError line naming the fault and the request
+(sample, turn): no answer within `--timeout` (connect, and each wait for more bytes), a bad status
+line, a body cut short, invalid or ill-typed events, a stream without `data: [DONE]` or without the
+`usage` that the token count comes from. An incomplete reply is never counted as a result.
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -22,7 +28,7 @@ from dflash_cli.bench.datasets import Sample
 from dflash_cli.bench.spread import spread
 from dflash_cli.bench.vllm_fields import latency_fields
 from dflash_cli.decoding.result import GenerationResult
-from dflash_cli.errors import DFlashError
+from dflash_cli.errors import DFlashError, EndpointError
 
 _SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
 _COUNTERS = {
@@ -31,12 +37,19 @@ _COUNTERS = {
     "accepted": "vllm:spec_decode_num_accepted_tokens_total",
 }
 _PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+DEFAULT_TIMEOUT_S = 60.0  # connect, and the longest wait for the next bytes of a reply (`--timeout`)
 
 
 class Endpoint:
-    """A small client for one OpenAI-compatible server (standard library only)."""
+    """A small client for one OpenAI-compatible server (standard library only).
 
-    def __init__(self, url: str, timeout: float = 600.0) -> None:
+    `timeout` bounds connecting and every wait for the next bytes of a reply (an idle timeout, so a long
+    generation that keeps streaming never trips it). Whatever the server does wrong (no answer, a bad
+    status line, a body cut short, invalid or ill-typed events, a stream without `data: [DONE]` or
+    without the usage bench counts tokens by) raises EndpointError naming the fault.
+    """
+
+    def __init__(self, url: str, timeout: float = DEFAULT_TIMEOUT_S) -> None:
         parts = urlsplit(url if "://" in url else f"http://{url}")
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise DFlashError(f"not an http(s) URL: {url!r}", hint="e.g. --endpoint http://127.0.0.1:8000")
@@ -45,20 +58,66 @@ class Endpoint:
         self.host, self.port = parts.hostname, parts.port or (443 if self.https else 80)
         self.prefix = parts.path.rstrip("/").removesuffix("/v1")
 
-    def _conn(self) -> http.client.HTTPConnection:
+    def _open(self, method: str, path: str, body: str | None = None) -> tuple[Any, Any]:
+        """(connection, response) once the status line and headers are in."""
         cls = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
-        return cls(self.host, self.port, timeout=self.timeout)
+        conn = cls(self.host, self.port, timeout=self.timeout)
+        try:
+            conn.connect()
+        except TimeoutError:
+            conn.close()
+            raise EndpointError(
+                f"{self.url} accepted no connection within {self.timeout:g} s (--timeout {self.timeout:g})",
+                hint="check the address; raise --timeout if the server is just slow",
+            ) from None
+        except OSError as exc:
+            conn.close()
+            raise EndpointError(
+                f"cannot reach {self.url}: {exc.strerror or exc}", hint="start the server first (e.g. `dflash serve`)"
+            ) from None
+        try:
+            headers = {"content-type": "application/json"} if body is not None else {}
+            conn.request(method, self.prefix + path, body, headers)
+            return conn, conn.getresponse()
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            conn.close()
+            raise self._fault(exc, f"while answering {method} {path}") from exc
+
+    def _fault(self, exc: BaseException, where: str) -> EndpointError:
+        """The server's fault behind a low-level exception, as one line and a hint."""
+        if isinstance(exc, TimeoutError):
+            return EndpointError(
+                f"{self.url} sent nothing for {self.timeout:g} s (--timeout {self.timeout:g}) {where}",
+                hint=f"raise --timeout (e.g. --timeout {max(300, 5 * self.timeout):g}) if the server is just slow, "
+                "or check its log",
+            )
+        if isinstance(exc, http.client.RemoteDisconnected):
+            return EndpointError(f"{self.url} closed the connection without a reply {where}", hint=_LOG_HINT)
+        if isinstance(exc, http.client.BadStatusLine):
+            line = str(exc).strip()[:80]
+            return EndpointError(
+                f"{self.url} sent a bad HTTP status line {where}: {line!r}",
+                hint="is an OpenAI-compatible HTTP server listening at that address and port?",
+            )
+        if isinstance(exc, http.client.IncompleteRead):
+            return EndpointError(
+                f"{self.url} cut the reply short {where}: the connection closed mid-body ({exc!r})", hint=_LOG_HINT
+            )
+        if isinstance(exc, (http.client.HTTPException, ValueError)):
+            return EndpointError(f"{self.url} sent a malformed HTTP reply {where}: {exc}", hint=_LOG_HINT)
+        if isinstance(exc, OSError):
+            return EndpointError(
+                f"the connection to {self.url} broke {where}: {exc.strerror or exc}",
+                hint="is the server still running?",
+            )
+        return EndpointError(f"{self.url} failed {where}: {exc}", hint=_LOG_HINT)
 
     def get(self, path: str) -> tuple[int, bytes]:
-        conn = self._conn()
+        conn, res = self._open("GET", path)
         try:
-            conn.request("GET", self.prefix + path)
-            res = conn.getresponse()
             return res.status, res.read()
-        except OSError as exc:
-            raise DFlashError(
-                f"cannot reach {self.url}: {exc}", hint="start the server first (e.g. `dflash serve`)"
-            ) from None
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            raise self._fault(exc, f"while sending GET {path}") from exc
         finally:
             conn.close()
 
@@ -67,7 +126,7 @@ class Endpoint:
         try:
             return json.loads(body)["data"][0]["id"]
         except (ValueError, KeyError, IndexError, TypeError):
-            raise DFlashError(
+            raise EndpointError(
                 f"{self.url}/v1/models answered {status} without a model", hint="pass --model NAME"
             ) from None
 
@@ -82,7 +141,10 @@ class Endpoint:
             m = _SAMPLE.match(line.strip())
             if not m:
                 continue
-            name, labels, value = m.group(1), m.group(2) or "", float(m.group(3))
+            try:
+                name, labels, value = m.group(1), m.group(2) or "", float(m.group(3))
+            except ValueError:
+                continue  # not a sample line bench can read; the counters it needs are checked below
             for key, metric in _COUNTERS.items():
                 if name == metric:
                     found[key] = found.get(key, 0.0) + value
@@ -107,52 +169,165 @@ class Endpoint:
         }
         if settings.top_k:
             body["top_k"] = settings.top_k
-        conn = self._conn()
         t0 = time.perf_counter()
+        conn, res = self._open("POST", "/v1/chat/completions", json.dumps(body))
         try:
-            conn.request(
-                "POST", self.prefix + "/v1/chat/completions", json.dumps(body), {"content-type": "application/json"}
-            )
-            res = conn.getresponse()
             if res.status != 200:
-                detail = res.read().decode(errors="replace")[:300]
-                raise DFlashError(
+                detail = self._read_all(res, f"while sending its {res.status} reply").decode(errors="replace")[:300]
+                raise EndpointError(
                     f"{self.url} answered {res.status}: {detail}", hint="check --model and the server log"
                 )
-            first = last = None
-            text, usage = [], None
-            for raw in res:
-                if not raw.startswith(b"data: "):
-                    continue
-                data = raw[6:].strip()
-                if data == b"[DONE]":
+            ctype = (res.getheader("content-type") or "").split(";")[0].strip().lower()
+            if ctype == "application/json":
+                raise EndpointError(
+                    f"{self.url} answered with a non-streamed reply (content-type {ctype}) to a `stream: true` request",
+                    hint="bench times tokens as they stream: the server must stream chat completions (SSE)",
+                )
+            stream = _Stream(self.url)
+            promised = res.length
+            for raw in self._lines(res, stream):
+                if not raw.endswith(b"\n") and raw.rstrip() not in (b"data: [DONE]", b"data:[DONE]"):
+                    raise EndpointError(
+                        f"{self.url} cut the stream short: the connection closed mid-line after "
+                        f"{_count(stream.events, 'event')} ({raw[:60]!r})",
+                        hint=_LOG_HINT,
+                    )
+                if stream.take(raw):
                     break
-                doc = json.loads(data)
-                if "error" in doc:
-                    raise DFlashError(f"{self.url} failed mid-stream: {doc['error'].get('message')}")
-                usage = doc.get("usage") or usage
-                for choice in doc.get("choices") or []:
-                    piece = (choice.get("delta") or {}).get("content")
-                    if piece:
-                        last = time.perf_counter()
-                        first = first if first is not None else last
-                        text.append(piece)
-        except OSError as exc:
-            raise DFlashError(f"request to {self.url} failed: {exc}", hint="is the server still running?") from None
+            else:
+                if res.length:  # a Content-Length the body never reached
+                    raise EndpointError(
+                        f"{self.url} cut the stream short: the connection closed with {res.length} of its "
+                        f"{promised} promised bytes missing, after {_count(stream.events, 'event')}",
+                        hint=_LOG_HINT,
+                    )
+                raise EndpointError(
+                    f"{self.url} ended the stream without `data: [DONE]` after {_count(stream.events, 'event')}",
+                    hint="the server stopped mid-reply: check its log",
+                )
         finally:
             conn.close()
         end = time.perf_counter()
-        return {"text": "".join(text), "t0": t0, "first": first, "last": last, "end": end, "usage": usage or {}}
+        tokens = stream.usage.get("completion_tokens") if stream.usage is not None else None
+        if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
+            raise EndpointError(
+                f"{self.url}'s stream carried no `usage` with `completion_tokens` "
+                "(bench asks for it with stream_options.include_usage)",
+                hint="bench counts tokens by it: use a server that honours stream_options.include_usage "
+                "(vLLM, SGLang, dflash serve)",
+            )
+        return {
+            "text": "".join(stream.text),
+            "t0": t0,
+            "first": stream.first,
+            "last": stream.last,
+            "end": end,
+            "usage": stream.usage,
+        }
+
+    def _lines(self, res: Any, stream: _Stream) -> Iterator[bytes]:
+        """The response's lines as they arrive; a read failure becomes the server's fault."""
+        while True:
+            try:
+                raw = res.readline()
+            except (OSError, http.client.HTTPException, ValueError) as exc:
+                raise self._fault(exc, f"mid-stream, after {_count(stream.events, 'event')}") from exc
+            if not raw:
+                return
+            yield raw
+
+    def _read_all(self, res: Any, where: str) -> bytes:
+        try:
+            return res.read()
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            raise self._fault(exc, where) from exc
 
 
-def as_result(reply: dict[str, Any], chunks_fallback: int) -> GenerationResult:
+_LOG_HINT = "the server misbehaved: check its log"
+
+
+class _Stream:
+    """What one chat completion's server-sent events say: text pieces, their times, usage, [DONE]."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.events = 0
+        self.text: list[str] = []
+        self.first: float | None = None
+        self.last: float | None = None
+        self.usage: dict[str, Any] | None = None
+
+    def take(self, raw: bytes) -> bool:
+        """Read one line; True at `data: [DONE]`. Blank lines, comments and other fields are skipped."""
+        if not raw.startswith(b"data:"):
+            return False
+        data = raw[5:].strip()
+        if data == b"[DONE]":
+            return True
+        self.events += 1
+        try:
+            doc = json.loads(data)
+        except ValueError:
+            raise self._bad(f"sent invalid JSON in stream event {self.events}", data) from None
+        if not isinstance(doc, dict):
+            raise self._bad(f"sent stream event {self.events} that is not a JSON object", data)
+        if "error" in doc:
+            error = doc["error"]
+            message = error.get("message") if isinstance(error, dict) else error
+            raise EndpointError(f"{self.url} failed mid-stream: {message}", hint="check the server log")
+        usage = doc.get("usage")
+        if usage is not None:
+            if not isinstance(usage, dict):
+                raise self._bad(f"sent `usage` as {_kind(usage)}, not an object, in stream event {self.events}", data)
+            self.usage = usage
+        choices = doc.get("choices")
+        if choices is None:
+            return False
+        if not isinstance(choices, list):
+            raise self._bad(f"sent `choices` as {_kind(choices)}, not a list, in stream event {self.events}", data)
+        for choice in choices:
+            if not isinstance(choice, dict):
+                raise self._bad(f"sent a choice as {_kind(choice)}, not an object, in stream event {self.events}", data)
+            delta = choice.get("delta")
+            if delta is None:
+                continue
+            if not isinstance(delta, dict):
+                raise self._bad(f"sent `delta` as {_kind(delta)}, not an object, in stream event {self.events}", data)
+            piece = delta.get("content")
+            if piece is not None and not isinstance(piece, str):
+                raise self._bad(f"sent `content` as {_kind(piece)}, not a string, in stream event {self.events}", data)
+            if piece:
+                self.last = time.perf_counter()
+                self.first = self.first if self.first is not None else self.last
+                self.text.append(piece)
+        return False
+
+    def _bad(self, what: str, data: bytes) -> EndpointError:
+        return EndpointError(
+            f"{self.url} {what}: {data[:80].decode(errors='replace')!r}",
+            hint="bench reads OpenAI chat.completion.chunk events: check the server log",
+        )
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _kind(value: Any) -> str:
+    """'a dict', 'a string', ... as JSON would call it."""
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number", float: "a number"}
+    return names.get(type(value), "null" if value is None else type(value).__name__)
+
+
+def as_result(reply: dict[str, Any]) -> GenerationResult:
     """A GenerationResult with the client's timings (tokens are placeholders: only their count is known)."""
-    tokens = int(reply["usage"].get("completion_tokens") or chunks_fallback)
+    tokens = int(reply["usage"]["completion_tokens"])
+    prompt_tokens = reply["usage"].get("prompt_tokens")
     first = reply["first"] if reply["first"] is not None else reply["end"]
     last = reply["last"] if reply["last"] is not None else first
     return GenerationResult(
         mode="endpoint",
-        prompt_tokens=int(reply["usage"].get("prompt_tokens") or 0),
+        prompt_tokens=prompt_tokens if isinstance(prompt_tokens, int) else 0,
         tokens=[0] * tokens,
         prefill_s=first - reply["t0"],
         decode_s=max(0.0, last - first),
@@ -169,8 +344,9 @@ def run_endpoint(
     on_progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Every turn of every sample (repeated), one request at a time; returns the endpoint section."""
-    for sample in samples[: settings.warmup]:
-        client.chat(model, [{"role": "user", "content": sample.turns[0]}], settings, settings.seed)
+    for i, sample in enumerate(samples[: settings.warmup]):
+        with _naming(f"warmup request {i + 1}/{min(settings.warmup, len(samples))} (sample {sample.id})"):
+            client.chat(model, [{"role": "user", "content": sample.turns[0]}], settings, settings.seed)
     results: list[GenerationResult] = []
     deltas: list[dict[str, Any]] = []
     mismatches: list[dict[str, Any]] = []
@@ -181,10 +357,12 @@ def run_endpoint(
             messages.append({"role": "user", "content": user})
             reply_text = None
             for rep in range(settings.repeat):
-                before = client.counters()
-                reply = client.chat(model, messages, settings, settings.seed)
-                after = client.counters()
-                results.append(as_result(reply, chunks_fallback=0))
+                where = f"request {done + 1}/{total} (sample {sample.id}, turn {turn + 1}"
+                with _naming(where + (f", repeat {rep + 1})" if settings.repeat > 1 else ")")):
+                    before = client.counters()
+                    reply = client.chat(model, messages, settings, settings.seed)
+                    after = client.counters()
+                results.append(as_result(reply))
                 if before is not None and after is not None:
                     deltas.append(_delta(before, after))
                 if rep == 0:
@@ -210,6 +388,17 @@ def run_endpoint(
     section.update(_acceptance(deltas))
     lossless = {"checked": plain_text is not None and settings.temperature == 0, "mismatches": mismatches}
     return {"endpoint": section, "lossless": lossless}
+
+
+@contextlib.contextmanager
+def _naming(where: str) -> Iterator[None]:
+    """Prefix a server fault with the request it happened on."""
+    try:
+        yield
+    except EndpointError as err:
+        err.message = f"{where}: {err.message}"
+        err.args = (err.message,)
+        raise
 
 
 def _text_mismatch(sample_id: str, turn: int, want: str, got: str) -> dict[str, Any]:

@@ -76,10 +76,13 @@ def sources_line(sources: dict[str, dict[str, float]]) -> Text:
 def summary_table(doc: dict[str, Any]) -> Table:
     dataset = doc["dataset"]
     settings = doc["settings"]
+    if settings.get("endpoint"):  # a server's run has no recipe or block size of its own
+        what, block = f"{settings.get('model')} at {settings['endpoint']}", ""
+    else:
+        what, block = str(settings.get("recipe")), f"block {settings.get('block_size')}, "
     table = Table(
-        title=f"dflash bench — {escape(str(settings.get('recipe')))} on {escape(dataset['name'])} "
-        f"({dataset['n_samples']} samples, block {settings.get('block_size')}, "
-        f"temperature {settings.get('temperature')})",
+        title=f"dflash bench — {escape(what)} on {escape(dataset['name'])} "
+        f"({dataset['n_samples']} samples, {block}temperature {settings.get('temperature')})",
         title_justify="left",
     )
     # tau pools every verify step; "tau/sample" averages per prompt first (z-lab's convention).

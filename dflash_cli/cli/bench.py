@@ -151,6 +151,16 @@ EndpointOpt = Annotated[
 ModelOpt = Annotated[
     str | None, typer.Option("--model", help="With --endpoint: the model name to request (default: the first served).")
 ]
+TimeoutOpt = Annotated[
+    float,
+    typer.Option(
+        "--timeout",
+        metavar="SECONDS",
+        min=0.001,
+        help="With --endpoint: fail a request when the server does not connect, or sends no bytes of its reply, "
+        "for SECONDS (an idle timeout, not a cap on the whole reply; default 60).",
+    ),
+]
 FORMATS = ("table", "md", "csv", "json")
 BlockSizesOpt = Annotated[
     str | None,
@@ -194,6 +204,7 @@ def bench_command(
     format_: FormatOpt = None,
     endpoint: EndpointOpt = None,
     model: ModelOpt = None,
+    timeout: TimeoutOpt = 60.0,
 ) -> None:
     from dflash_cli.bench import BenchSettings, load_dataset
     from dflash_cli.recipe import did_you_mean
@@ -236,7 +247,9 @@ def bench_command(
         plain_best=plain_best,
     )
     if endpoint:
-        doc = _bench_endpoint(endpoint, model, samples, settings, recipe if recipe_given else None, set_, cache_dir)
+        doc = _bench_endpoint(
+            endpoint, model, samples, settings, recipe if recipe_given else None, set_, cache_dir, timeout=timeout
+        )
         _finish({0: doc}, fmt=fmt, output=output, min_speedup=None, min_tau=min_tau)
         return
     docs: dict[int, dict[str, Any]] = {}
@@ -349,13 +362,15 @@ def _bench_endpoint(
     recipe_ref: str | None,
     overrides: list[str] | None,
     cache_dir: Path | None,
+    *,
+    timeout: float,
 ) -> dict[str, Any]:
     """Run the dataset against a server; with a recipe, build it and check greedy text against plain decoding."""
     from dflash_cli.bench.datasets import dataset_name
     from dflash_cli.bench.document import LATENCY_KEYS, SCHEMA_VERSION, _now, tool_commit
     from dflash_cli.bench.endpoint import Endpoint, run_endpoint
 
-    client = Endpoint(url)
+    client = Endpoint(url, timeout=timeout)
     model = model or client.model()
     plain_text = None
     if recipe_ref is not None:
@@ -381,6 +396,7 @@ def _bench_endpoint(
             ("max_new_tokens", settings.max_new_tokens),
             ("temperature", settings.temperature),
             ("lossless check", recipe_ref or "off (pass --recipe)"),
+            ("timeout", f"{timeout:g} s idle"),
         ],
     )
     console = err_console()
