@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from dflash_cli.bench.document import upgrade_document
+from dflash_cli.bench.document import check_document, upgrade_document
 from dflash_cli.decoding.modes import MODES_INFO
 from dflash_cli.errors import DFlashError
 
@@ -46,8 +46,7 @@ def load_documents(paths: list[Path]) -> list[dict[str, Any]]:
             raise DFlashError(f"no such file: {path}", hint=hint) from None
         except (OSError, ValueError) as exc:
             raise DFlashError(f"cannot read {path} as JSON: {exc}", hint=hint) from None
-        if not isinstance(doc, dict) or "schema_version" not in doc:
-            raise DFlashError(f"{path} is not a dflash bench document", hint=hint)
+        check_document(doc, str(path))
         docs.append(upgrade_document(doc))  # a schema-1 document names lookup "pld"
     return docs
 

@@ -25,6 +25,7 @@ from dflash_cli.bench.spread import bootstrap, spread
 from dflash_cli.bench.vllm_fields import latency_fields, spec_decode_fields
 from dflash_cli.decoding.modes import ALIASES, MODES, MODES_INFO, SPECULATIVE_MODES, mode_info
 from dflash_cli.decoding.result import GenerationResult
+from dflash_cli.errors import DFlashError
 
 SCHEMA_VERSION = 2  # fields are only ever added within a version
 PLD_ALIAS = "pld"  # schema 2 only: the lookup section's schema-1 key, see above
@@ -259,6 +260,33 @@ def _sweep_row(block_size: int, doc: dict[str, Any]) -> dict[str, Any]:
         "t_verify_s": decomposition_.get("t_verify_s"),
         "lossless_mismatches": len(doc["lossless"]["mismatches"]),
     }
+
+
+def check_document(doc: Any, name: str) -> None:
+    """Refuse what is not a bench result document (`name`: the file, for the message).
+
+    Every schema so far has `settings`, `dataset` and at least one mode section (MODE_SECTIONS, or a
+    schema-1 alias); a schema newer than this tool's may have changed any of them.
+    """
+    hint = "pass documents written by `dflash bench --output`"
+    problem = None
+    version = doc.get("schema_version") if isinstance(doc, dict) else None
+    if not isinstance(doc, dict):
+        problem = f"it holds a JSON {type(doc).__name__}, not an object"
+    elif version is None:
+        problem = "it has no schema_version"
+    elif not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        problem = f"schema_version {version!r} is not a bench schema (1 to {SCHEMA_VERSION})"
+    elif version > SCHEMA_VERSION:
+        problem, hint = f"schema_version {version} is newer than this dflash reads ({SCHEMA_VERSION})", "upgrade dflash"
+    else:
+        missing = [key for key in ("settings", "dataset") if not isinstance(doc.get(key), dict)]
+        if not any(isinstance(doc.get(key), dict) for key in (*(k for k, _ in MODE_SECTIONS), *ALIASES)):
+            missing.append(f"mode section ({', '.join(k for k, _ in MODE_SECTIONS)})")
+        if missing:
+            problem = f"it has no {', no '.join(missing)}"
+    if problem:
+        raise DFlashError(f"{name} is not a dflash bench result: {problem}", hint=hint)
 
 
 def upgrade_document(doc: dict[str, Any]) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from dflash_cli.cli.common import (
     handle_errors,
     human_size,
     make_table,
+    pick_recipe,
     print_json,
     print_table,
     short_key,
@@ -30,6 +31,7 @@ from dflash_cli.cli.common import (
 )
 from dflash_cli.recipe import DEFAULT_RECIPE
 
+NOTE_PREFIXES = ("note:", "warning:")  # progress lines a terminal keeps (the rest only update the spinner)
 UptoOpt = Annotated[str | None, typer.Option("--upto", metavar="STAGE", help="Stop after this stage.")]
 
 
@@ -42,6 +44,7 @@ def register(app: typer.Typer) -> None:
 
 @handle_errors
 def build_command(
+    ctx: typer.Context,
     recipe_arg: RecipeArg = None,
     recipe: RecipeOpt = DEFAULT_RECIPE,
     set_: SetOpt = None,
@@ -52,8 +55,8 @@ def build_command(
     json_: JsonOpt = False,
 ) -> None:
     """Build every stage of a recipe (convert -> inject -> export -> compile), reusing cached artifacts."""
+    recipe = pick_recipe(ctx, recipe_arg, recipe)
     check_stage_names(upto, rebuild)
-    recipe = recipe_arg or recipe
     execute_build(recipe, set_ or [], cache_dir, force=force, rebuild=set(rebuild or []), upto=upto, as_json=json_)
 
 
@@ -180,6 +183,9 @@ def build_progress() -> Iterator[Callable[[Any], None]]:
                 tasks[event.stage] = progress.add_task(label, total=None)
             elif event.kind in ("message", "wait"):
                 progress.update(tasks[event.stage], description=f"{label}: {escape(event.message)}")
+                if event.message.startswith(NOTE_PREFIXES):  # stays on screen once the spinner is gone
+                    plain_label = f"[{event.index + 1}/{event.total}] {event.stage}"
+                    console.print(f"{plain_label}: {event.message}", markup=False, highlight=False)
             elif event.kind == "done":
                 progress.remove_task(tasks.pop(event.stage))
                 console.print(f"{label}: {event.message}", markup=False, highlight=False)

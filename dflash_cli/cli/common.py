@@ -49,6 +49,33 @@ RebuildOpt = Annotated[
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print exactly one JSON document on stdout, nothing else.")]
 
 
+def pick_recipe(ctx: typer.Context, recipe_arg: str | None, recipe: str) -> str:
+    """The recipe of a command taking both forms: the positional RECIPE, else --recipe.
+
+    Both given and naming different recipes is a usage error (exit 2) rather than one silently winning;
+    the same recipe twice (`demo -r demo`, or a name and its file) is fine.
+    """
+    if recipe_arg is None:
+        return recipe
+    given = ctx.get_parameter_source("recipe").name not in ("DEFAULT", "DEFAULT_MAP")
+    if recipe_arg != recipe and given and not _same_recipe_file(recipe_arg, recipe):
+        raise typer.BadParameter(
+            f"two different recipes given: {recipe_arg!r} (argument) and {recipe!r} (--recipe); pass one",
+            param_hint="RECIPE / --recipe",
+        )
+    return recipe_arg
+
+
+def _same_recipe_file(a: str, b: str) -> bool:
+    from dflash_cli.errors import RecipeError
+    from dflash_cli.recipe import find_recipe
+
+    try:
+        return find_recipe(a).resolve() == find_recipe(b).resolve()
+    except (RecipeError, OSError):
+        return False
+
+
 def examples(*commands: str) -> str:
     """Epilog text for a command's help: one example per paragraph (rich help keeps paragraphs)."""
     return "Examples:\n\n" + "\n\n".join(f"  {c}" for c in commands)

@@ -16,6 +16,7 @@ from dflash_cli.cli.common import (
     err_console,
     examples,
     handle_errors,
+    pick_recipe,
     print_json,
 )
 from dflash_cli.decoding.modes import ALIASES, DRAFTER_MODES, MODES, MODES_INFO
@@ -36,6 +37,7 @@ def register(app: typer.Typer) -> None:
 
 @handle_errors
 def run_command(
+    ctx: typer.Context,
     prompt: Annotated[
         str,
         typer.Option(
@@ -71,14 +73,22 @@ def run_command(
     json_: JsonOpt = False,
 ) -> None:
     """Generate from a prompt with DFlash (or plain decoding with --no-draft); builds missing stages first."""
-    decode_mode = resolve_mode("plain" if no_draft else mode)
+    recipe = pick_recipe(ctx, recipe_arg, recipe)
+    decode_mode = resolve_mode(mode)
+    if no_draft:
+        if decode_mode not in (None, "plain"):
+            raise typer.BadParameter(
+                f"--no-draft means plain decoding but --mode {mode} was given; pass one of them",
+                param_hint="--mode / --no-draft",
+            )
+        decode_mode = "plain"
     from dflash_cli.cache import Cache
     from dflash_cli.cli.build import build_progress
     from dflash_cli.decoding.engine import build_engine
     from dflash_cli.recipe import load_recipe
 
     prompt = _read_prompt(prompt)
-    r = load_recipe(recipe_arg or recipe, set_ or [])
+    r = load_recipe(recipe, set_ or [])
     run = r.run
     decode_mode = decode_mode or DRAFTER_MODES[run.drafter]
     with build_progress() as on_event:
@@ -146,10 +156,23 @@ def _read_prompt(prompt: str) -> str:
 
     hint = "pass UTF-8 text (check the terminal or file encoding)"
     if prompt == "-":
+        stdin_hint = 'pipe the prompt in (echo "def f(x):" | dflash run -p -) or pass --prompt TEXT'
+        stream = getattr(sys.stdin, "buffer", sys.stdin)  # None when the process was started with stdin closed
+        if stream is None:
+            raise GenerationError("--prompt - reads stdin, but stdin is closed", hint=stdin_hint)
         try:
-            return sys.stdin.buffer.read().decode("utf-8")
+            data = stream.read()
+        except (OSError, ValueError) as exc:  # a closed descriptor or file object
+            raise GenerationError(f"cannot read the prompt from stdin: {exc}", hint=stdin_hint) from None
+        if isinstance(data, str):
+            data = data.encode("utf-8", "surrogateescape")
+        try:
+            text = data.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise GenerationError(f"the prompt on stdin is not valid UTF-8 (byte {exc.start})", hint=hint) from None
+        if not text.strip():
+            raise GenerationError("the prompt on stdin is empty", hint=stdin_hint)
+        return text
     try:
         prompt.encode("utf-8")
     except UnicodeEncodeError as exc:

@@ -112,12 +112,14 @@ def describe(recipe: Any) -> Described:
     draft_dir = ckpt.resolve_checkpoint_dir(recipe.draft.path, "draft")
     target_cfg = ckpt.load_config(target_dir)
     draft_cfg = ckpt.load_config(draft_dir)
+    _check_roles(target_dir, target_cfg, draft_cfg)
     _check_tokenizer(target_dir)
     target = WeightStore.open(target_dir)
     if EMBED_KEY not in target:
         raise CheckpointError(
             f"target weights have no {EMBED_KEY}", hint="point target.path at a Hugging Face causal LM checkpoint"
         )
+    _check_vocab_size(target_dir, target_cfg, target)
     pair = resolve_pair(
         target_cfg,
         draft_cfg,
@@ -135,6 +137,50 @@ def write_configs(out_dir: Path, described: Described) -> None:
     _write_json(out_dir / TARGET_DIR / ckpt.CONFIG_FILE, described.target_cfg)
     _write_json(out_dir / DRAFT_DIR / ckpt.CONFIG_FILE, _resolved_draft_config(described.draft_cfg, described.pair))
     (out_dir / PAIR_FILE).write_text(described.pair.to_json(), encoding="utf-8")
+
+
+def _is_dflash_draft(cfg: dict[str, Any]) -> bool:
+    """A z-lab DFlash draft's config: a dflash_config section, or a DFlash architecture."""
+    archs = cfg.get("architectures")
+    named = isinstance(archs, list) and any(isinstance(a, str) and "dflash" in a.lower() for a in archs)
+    return named or isinstance(cfg.get("dflash_config"), dict)
+
+
+def _check_roles(target_dir: Path, target_cfg: dict[str, Any], draft_cfg: dict[str, Any]) -> None:
+    """A DFlash draft given as the target (most often target.path and draft.path swapped)."""
+    if not _is_dflash_draft(target_cfg):
+        return
+    archs = target_cfg.get("architectures")
+    what = f"architectures {archs}" if isinstance(archs, list) and archs else "a dflash_config section"
+    hint = (
+        "target.path and draft.path look swapped: swap them in the recipe"
+        if not _is_dflash_draft(draft_cfg)
+        else "point target.path at the model the draft was trained for (draft.path takes the DFlash draft)"
+    )
+    raise CheckpointError(
+        f"target checkpoint is a DFlash draft, not a target model ({ckpt.CONFIG_FILE} has {what}): {target_dir}",
+        hint=hint,
+    )
+
+
+def _check_vocab_size(target_dir: Path, target_cfg: dict[str, Any], target: WeightStore) -> None:
+    """config.json's vocab_size sizes the exported graph; it must equal the weights' rows, or export fails."""
+    vocab = target_cfg.get("vocab_size")
+    if not isinstance(vocab, int) or isinstance(vocab, bool):
+        return
+    rows = {key: target.shape(key)[0] for key in (EMBED_KEY, LM_HEAD_KEY) if key in target}
+    for key, n in rows.items():
+        if n != vocab:
+            fix = (
+                f"set vocab_size to {n} in its {ckpt.CONFIG_FILE}"
+                if len(set(rows.values())) == 1
+                else f"its {EMBED_KEY} and {LM_HEAD_KEY} differ too; download it again"
+            )
+            raise CheckpointError(
+                f"target {ckpt.CONFIG_FILE} says vocab_size {vocab} but {key} has {n} rows "
+                f"(in {target.refs[key].file}): {target_dir / ckpt.CONFIG_FILE}",
+                hint=f"the checkpoint is inconsistent: {fix}",
+            )
 
 
 def _check_tokenizer(target_dir: Path) -> None:
