@@ -20,6 +20,8 @@ What it relies on, all checked or anchored by name rather than by op patterns:
   * calls are contiguous: a call's real rows sit at positions start, start+1, ... with padding after
     them (what the decoding loops send; the session checks it). GroupQueryAttention takes positions
     from the cache length, so position_ids only gives the call's start.
+  * what ONNX Runtime's kernel accepts (`kernel_refusal`): with RoPE inside (do_rotary=1) head_dim a
+    multiple of 16, and num_heads a multiple of kv_heads; checked before anything is rewritten.
 Anything else leaves the graph as it was, with the reason. The compile stage then checks the result
 against the exported graph on the same calls and for causal invariance, as every rewrite.
 """
@@ -36,6 +38,11 @@ KV_LAYOUT_KEY = "dflash.kv_cache"
 KV_IN_PLACE = "in_place_bnsh"  # past_* / present_* share [1, kv_heads, ctx_len + SPARE_SLOTS, head_dim] buffers
 SPARE_SLOTS = 1  # for the padding row of a one-token call at the last slot (one-token calls attend as two rows)
 _PROJ = re.compile(r"layers\.(\d+)\.self_attn\.([qkvo])_proj\.weight(\.w\d+)?$")
+# ONNX Runtime's GroupQueryAttention (CPU, 1.32) checks its inputs at the first run, not when the session is
+# created: with cos/sin caches (do_rotary=1, as here) head_size % 16 == 0 ("head_size shall be a multiple of
+# 16", CheckRotaryCaches; 16, 32, 48, 64, 80, 96, 112, 128, 256 run, 8, 24, 40, 72 are refused), without them
+# head_size % 8 == 0; and always num_heads % kv_num_heads == 0.
+ROTARY_HEAD_DIM_MULTIPLE = 16
 
 
 @dataclass
@@ -43,6 +50,18 @@ class GqaResult:
     layers: int = 0
     merged_pads: int = 0  # layers whose q/k/v are padded once, before the Split of their stacked projection
     skipped: list[str] = field(default_factory=list)  # why the graph (or a layer) was left as it was
+
+
+def kernel_refusal(head_dim: int, heads: int | None = None, kv_heads: int | None = None) -> str | None:
+    """Why ONNX Runtime's GroupQueryAttention (RoPE inside) would refuse these shapes, or None."""
+    if head_dim % ROTARY_HEAD_DIM_MULTIPLE:
+        return f"GroupQueryAttention needs head_dim % {ROTARY_HEAD_DIM_MULTIPLE} == 0; this model has {head_dim}"
+    if heads and kv_heads and heads % kv_heads:
+        return (
+            f"GroupQueryAttention needs num_heads % kv_heads == 0; this model has {heads} query heads, "
+            f"{kv_heads} KV heads"
+        )
+    return None
 
 
 def rewrite_attention(model, base_dir: Path) -> GqaResult:
@@ -107,6 +126,10 @@ def rewrite_attention(model, base_dir: Path) -> GqaResult:
         result.skipped.append(f"past_key.{layers[0]} is not [1, past, kv_heads, head_dim]")
         return result
     kv_heads, head_dim = shape[2], shape[3]
+    refusal = kernel_refusal(head_dim)
+    if refusal:
+        result.skipped.append(refusal)
+        return result
     halves = {}
     for kind, t in tables.items():
         full = np.asarray(read_initializer(t, base_dir), dtype=np.float32)
@@ -129,7 +152,16 @@ def rewrite_attention(model, base_dir: Path) -> GqaResult:
             result.skipped.append(f"layer {i}: q/k do not go through one fused norm or none")
             return result
         v = _with_bias(p["v"], single, inits)
-        plans.append((i, q, k, v, o_proj[i]))
+        width = q_width.get(i)
+        heads = width // head_dim if width and width % head_dim == 0 else None
+        if heads is None:
+            result.skipped.append(f"layer {i}: cannot tell the number of query heads")
+            return result
+        refusal = kernel_refusal(head_dim, heads, kv_heads)
+        if refusal:
+            result.skipped.append(refusal)
+            return result
+        plans.append((i, q, k, v, o_proj[i], heads))
 
     new_nodes, new_inits = [], []
     names = {"cos": "gqa.cos_cache", "sin": "gqa.sin_cache"}
@@ -164,12 +196,7 @@ def rewrite_attention(model, base_dir: Path) -> GqaResult:
         helper.make_node("Cast", ["gqa.total_scalar64"], ["gqa.total_len"], to=TensorProto.INT32),
     ]
     inserted_before: dict[int, list] = {}  # id(o_proj node) -> nodes to place right before it
-    for i, q, k, v, o_proj in plans:
-        width = q_width.get(i)
-        heads = width // head_dim if width and width % head_dim == 0 else None
-        if heads is None or heads % kv_heads:
-            result.skipped.append(f"layer {i}: cannot tell the number of query heads")
-            return result
+    for i, q, k, v, o_proj, heads in plans:
         nodes = []
         flat = []
         for tag, (tensor, normed) in (("q", q), ("k", k)):

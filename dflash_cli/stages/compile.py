@@ -75,6 +75,51 @@ def _check_call_length(sess, info: dict, vocab_size: int, facts: dict, progress)
         )
 
 
+def _note_unfused_attention(facts: dict, why: str, progress) -> None:
+    facts["prefix_attention"] = f"unfused ({why})"
+    progress(f"note: target_prefix attention: unfused ({why})")
+
+
+def _ort_errors() -> tuple[type[BaseException], ...]:
+    """What ONNX Runtime raises when it refuses a graph or a kernel refuses its inputs (its pybind errors
+    derive from Exception; a run through IOBinding raises RuntimeError)."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as state
+
+    names = ("Fail", "InvalidArgument", "InvalidGraph", "InvalidProtobuf", "NotImplemented", "RuntimeException")
+    return (RuntimeError, *(getattr(state, n) for n in names if hasattr(state, n)))
+
+
+def _refusal(exc: BaseException) -> str:
+    """ONNX Runtime's own words, without the executor's preamble."""
+    text = " ".join(str(exc).split())
+    return text.split("Status Message: ", 1)[-1] or type(exc).__name__
+
+
+def _unfused_if_refused(check, gname: str, out, info: dict, unfused: dict, facts: dict, progress) -> None:
+    """Run `check` (opens and checks the graph `gname`); where ONNX Runtime refuses its GroupQueryAttention
+    (ortcompile/gqa.py checks what the kernel accepts, but this ONNX Runtime may know other limits), rewrite
+    the graph again without the attention rewrite, say why, and check that instead of failing the build."""
+    fused = facts.get(f"{gname}_fused") or {}
+    if not fused.get("attention") or gname not in unfused:
+        check()
+        return
+    try:
+        check()
+        return
+    except _ort_errors() as exc:
+        what = "GroupQueryAttention" if "GroupQueryAttention" in str(exc) else "the GroupQueryAttention graph"
+        why = f"ONNX Runtime refused {what}: {_refusal(exc)}"
+    from dflash_cli.ortcompile.fuse import fuse_graph
+
+    path = out / info["graphs"][gname]["onnx"]
+    redo = path.with_name(path.stem + ".refused.onnx")
+    result = fuse_graph(unfused[gname], redo, attention=False)
+    redo.replace(path)
+    fused.update(attention=0, row_pads_merged=result.merged_pads, skipped=[*result.skipped, f"attention: {why}"])
+    _note_unfused_attention(facts, why, progress)
+    check()
+
+
 def _qaic_options(recipe: Any):
     from dflash_cli.qaic.command import QaicCompileOptions
 
@@ -135,6 +180,9 @@ def _compile_ort(ctx: StageContext) -> dict[str, Any]:
                     hint="rebuild the export stage: `dflash build --rebuild export`",
                 )
     unfused: dict[str, Any] = {}  # graph -> the unfused .onnx (beside its data) to check the fused one against
+    if "target_prefix" in info["graphs"] and not (ort_cfg.fuse and ort_cfg.fuse_attention):
+        off = "compile.ort.fuse" if not ort_cfg.fuse else "compile.ort.fuse_attention"
+        facts["prefix_attention"] = f"unfused ({off} is false)"
     if ort_cfg.fuse:
         for gname, g in info["graphs"].items():
             path = out / g["onnx"]
@@ -154,6 +202,12 @@ def _compile_ort(ctx: StageContext) -> dict[str, Any]:
                 f"{gname}: {result.norms} RMSNorms fused, {result.v_guards} V guards dropped, {result.silu} SiLUs fused"
                 + (f", {result.attention} attention layers -> GroupQueryAttention" if result.attention else "")
             )
+            if gname == "target_prefix" and ort_cfg.fuse_attention:
+                if result.attention:
+                    facts["prefix_attention"] = f"GroupQueryAttention ({result.attention} layers)"
+                else:  # what ONNX Runtime's kernel would refuse (ortcompile/gqa.py) stays as exported
+                    why = "; ".join(w.removeprefix("attention: ") for w in result.skipped if w.startswith("attention:"))
+                    _note_unfused_attention(facts, why or "not rewritten", ctx.progress)
             keep = path.with_name(path.stem + ".unfused.onnx")
             path.rename(keep)  # a hard link to the export for fp32: renaming never touches the export's file
             fused.rename(path)
@@ -187,13 +241,17 @@ def _compile_ort(ctx: StageContext) -> dict[str, Any]:
             prefix_graph = info["graphs"].get(f"{gname}_prefix")
             if prefix_graph:
                 ctx.progress(f"checking the prefix-cache {gname} against the exported graph")
-                sess = open_prefix_session(out / prefix_graph["onnx"], gname, info["ctx_len"], settings)
-                label = f"prefix-cache {gname}"
-                facts[f"{gname}_prefix_max_diff"] = matches_reference(sess, reference, label, info["dtype"], quantized)
-                if gname == "target":  # what decoding runs on the CPU: its positions must stay independent too
-                    facts["prefix_causal_invariance_max_diff"] = causal_invariance(sess, info, pair["vocab_size"])
-                    _check_call_length(sess, info, pair["vocab_size"], facts, ctx.progress)
-                del sess
+
+                def check_prefix(gname=gname, prefix_graph=prefix_graph, reference=reference) -> None:
+                    sess = open_prefix_session(out / prefix_graph["onnx"], gname, info["ctx_len"], settings)
+                    label = f"prefix-cache {gname}"
+                    diff = matches_reference(sess, reference, label, info["dtype"], quantized)
+                    facts[f"{gname}_prefix_max_diff"] = diff
+                    if gname == "target":  # what decoding runs on the CPU: its positions must stay independent too
+                        facts["prefix_causal_invariance_max_diff"] = causal_invariance(sess, info, pair["vocab_size"])
+                        _check_call_length(sess, info, pair["vocab_size"], facts, ctx.progress)
+
+                _unfused_if_refused(check_prefix, f"{gname}_prefix", out, info, unfused, facts, ctx.progress)
         done += ["fused vs unfused"] if unfused else []
         done += ["prefix cache vs static"] if any(g.endswith("_prefix") for g in info["graphs"]) else []
         done += ["call length"] if "target_prefix" in info["graphs"] else []
@@ -212,10 +270,13 @@ def _compile_ort(ctx: StageContext) -> dict[str, Any]:
             ctx.progress("loading the prefix-cache target (call-length check)")
             settings = OrtSettings(ort_cfg.intra_op_threads, ort_cfg.graph_optimization)
             prefix_graph = out / info["graphs"]["target_prefix"]["onnx"]
-            sess = open_prefix_session(prefix_graph, "target", info["ctx_len"], settings)
             vocab = json.loads((src / "pair.json").read_text())["vocab_size"]
-            _check_call_length(sess, info, vocab, facts, ctx.progress)
-            del sess
+
+            def check_call_length() -> None:
+                sess = open_prefix_session(prefix_graph, "target", info["ctx_len"], settings)
+                _check_call_length(sess, info, vocab, facts, ctx.progress)
+
+            _unfused_if_refused(check_call_length, "target_prefix", out, info, unfused, facts, ctx.progress)
             facts["checks"] += "; call length checked"
     for keep in unfused.values():
         keep.unlink()
