@@ -61,6 +61,13 @@ class SlowEngine:
         self.results.append(result)
         return result
 
+    def first_result(self, timeout: float = 10) -> Any:
+        """The first generation's result once it has ended (None if none ends in `timeout` seconds)."""
+        deadline = time.monotonic() + timeout
+        while not self.results and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return self.results[0] if self.results else None
+
 
 def metric(text: str, name: str, **labels: str) -> float:
     """One sample's value from Prometheus text (labels other than those given are ignored)."""
