@@ -1,11 +1,13 @@
 """The hostile cases of the hardening issue, before and after: each case's exit code (or HTTP status)
 and first line, run against this checkout and, with --old REV, against an old revision side by side.
 
-    .venv/bin/python benchmarks/hostile_cases.py [--old 1090b0b] [--only serve,bench,cache,cli] [--out FILE]
+    .venv/bin/python benchmarks/hostile_cases.py [--old 1090b0b] [--new HEAD] [--only serve,bench,cache,cli]
+        [--out FILE]
 
-Everything runs the real `dflash` (`python -m dflash_cli`, with PYTHONPATH set to the checkout under
-test) in subprocesses, on the shipped demo pair and tiny random pairs, each source with its own
-cache. The old revision is checked out with `git worktree` in a temporary folder and removed after.
+Everything runs the real `dflash` (`python -m dflash_cli` in the checkout under test) in subprocesses,
+on the shipped demo pair and tiny random pairs, each revision with its own cache. Both revisions are
+checked out with `git worktree` in a temporary folder (removed after), so editing this checkout while
+it runs changes nothing; `--new .` runs this working tree as it is instead.
 """
 
 from __future__ import annotations
@@ -374,18 +376,25 @@ RUNNERS: dict[str, Callable[[Source], dict[str, str]]] = {
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--old", default=None, help="a git revision to run the same cases on (the 'before')")
+    ap.add_argument("--new", default="HEAD", help="the revision for 'after' ('.': this working tree)")
     ap.add_argument("--only", default=",".join(GROUPS), help=f"comma-separated groups of {GROUPS}")
     ap.add_argument("--out", type=Path, default=None, help="also write the Markdown table here")
     args = ap.parse_args()
     groups = [g for g in args.only.split(",") if g]
     scratch = Path(tempfile.mkdtemp(prefix="dflash-hostile-"))
-    sources = {"after": Source(REPO, scratch / "after")}
+    trees: list[Path] = []
+
+    def checkout(rev: str, name: str) -> Path:
+        tree = scratch / name
+        git = ["git", "-C", str(REPO), "worktree", "add", "--detach", str(tree), rev]
+        subprocess.run(git, check=True, capture_output=True)
+        trees.append(tree)
+        return tree
+
+    new = REPO if args.new == "." else checkout(args.new, "new-src")
+    sources = {"after": Source(new, scratch / "after")}
     if args.old:
-        old = scratch / "old-src"
-        subprocess.run(
-            ["git", "-C", str(REPO), "worktree", "add", "--detach", str(old), args.old], check=True, capture_output=True
-        )
-        sources = {"before": Source(old, scratch / "before"), **sources}
+        sources = {"before": Source(checkout(args.old, "old-src"), scratch / "before"), **sources}
     results: dict[str, dict[str, str]] = {}
     try:
         for label, source in sources.items():
@@ -395,8 +404,8 @@ def main() -> int:
                 for case, said in RUNNERS[group](source).items():
                     results.setdefault(case, {})[label] = said
     finally:
-        if args.old:
-            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(scratch / "old-src")])
+        for tree in trees:
+            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)])
         shutil.rmtree(scratch, ignore_errors=True)
     labels = list(sources)
     lines = ["| case | " + " | ".join(labels) + " |", "| --- |" + " --- |" * len(labels)]
