@@ -5,17 +5,13 @@ renames the directory into place, so a crash leaves a tmp dir, never something t
 Only a directory whose manifest parses, names the same stage and key, and whose listed outputs
 exist with their recorded sizes counts as a hit. A per-key file lock lets concurrent builds of
 the same artifact wait for one another instead of racing.
-
 Whoever reads a published artifact (a build reading an upstream stage, an engine serving compiled
-graphs) holds a shared `flock` on `locks/<stage>-<key>.use` for as long as it reads; `clean` removes
-an artifact only under an exclusive one taken without waiting, so it skips what is in use. The kernel
-drops a dead process's locks, and lock files are never deleted (a waiter would lock a stale inode).
+graphs) holds it (`hold`, cache_locks.py); `clean` skips what is held.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -23,7 +19,6 @@ import re
 import shutil
 import tempfile
 import time
-import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -32,6 +27,7 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
+from dflash_cli.cache_locks import ArtifactHold, claim, hold_shared
 from dflash_cli.errors import CacheError
 from dflash_cli.hashing import sha256_file, take_fresh_digest
 
@@ -129,24 +125,6 @@ class CleanReport:
     bytes_freed: int = 0
     tmp_removed: int = 0
     in_use: list[InUse] = field(default_factory=list)
-
-
-class ArtifactHold:
-    """A shared lock on one artifact: `clean` leaves the artifact alone until `release()` (or until this
-    object is garbage collected, or its process ends)."""
-
-    def __init__(self, fd: int | None) -> None:
-        self._release = weakref.finalize(self, os.close, fd) if fd is not None else None
-
-    def release(self) -> None:
-        if self._release is not None:
-            self._release()
-
-    def __enter__(self) -> ArtifactHold:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
 
 
 class Cache:
@@ -275,67 +253,19 @@ class Cache:
             lock.release()
 
     def hold(self, stage: str, key: str) -> ArtifactHold:
-        """A shared lock on (stage, key)'s artifact for as long as it is read; `clean` skips it meanwhile.
-
-        Take it before looking the artifact up. It waits only while a `clean` is removing this very
-        artifact (then the lookup misses and the artifact is built again). A cache whose locks cannot be
-        written (a read-only copy) gets a no-op hold: nobody can clean it either.
-        """
-        fd = self._open_lock(self._use_lock(stage, key))
-        if fd is None:
-            return ArtifactHold(None)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH)
-        except BaseException:
-            os.close(fd)
-            raise
-        return ArtifactHold(fd)
+        """Hold (stage, key)'s artifact for as long as it is read: `clean` skips it meanwhile. Take it
+        before looking the artifact up (a `clean` removing it right then makes the lookup miss)."""
+        return hold_shared(self._use_lock(stage, key))
 
     def _use_lock(self, stage: str, key: str) -> Path:
         return self.locks_dir / f"{stage}-{key}.use"
 
-    def _open_lock(self, path: Path) -> int | None:
-        """A descriptor to flock `path` through (created if need be); None where the cache is read-only."""
-        with contextlib.suppress(OSError):
-            self.locks_dir.mkdir(parents=True, exist_ok=True)
-        for flags in (os.O_RDWR | os.O_CREAT, os.O_RDONLY):
-            with contextlib.suppress(OSError):
-                return os.open(path, flags | os.O_CLOEXEC, 0o666)
-        return None
-
     @contextlib.contextmanager
     def _claim(self, entry: Entry) -> Iterator[InUse | None]:
-        """Exclusive hold of an artifact, without waiting: yields None when claimed (remove it now), else
-        who holds it. A build producing the same key (it holds the key's build lock) is a holder too."""
-        use = self._use_lock(entry.stage, entry.key)
-        build = self.locks_dir / f"{entry.stage}-{entry.key}.lock"
-        fd = self._open_lock(use)
-        if fd is None:  # a read-only cache: nothing can hold it for writing, nor can this remove it
-            yield None
-            return
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                busy = None
-            except BlockingIOError:
-                busy = InUse(entry, _flock_holders(use))
-            if busy is not None:
-                yield busy
-                return
-            lock = FileLock(str(build))
-            try:
-                lock.acquire(timeout=0)
-            except Timeout:
-                busy = InUse(entry, _flock_holders(build))
-            if busy is not None:
-                yield busy
-                return
-            try:
-                yield None
-            finally:
-                lock.release()
-        finally:
-            os.close(fd)  # drops the exclusive lock
+        """Yields None when `entry` is claimed for removal, else who holds it."""
+        use, build = self._use_lock(entry.stage, entry.key), self.locks_dir / f"{entry.stage}-{entry.key}.lock"
+        with claim(use, build) as holders:
+            yield None if holders is None else InUse(entry, holders)
 
     @contextlib.contextmanager
     def staging(self, stage: str, key: str) -> Iterator[Path]:
@@ -518,23 +448,6 @@ def known_digests(manifests: list[dict[str, Any]]) -> dict[tuple[int, int, int],
             if "inode" in out and "mtime_ns" in out:
                 found[(out["inode"], out["size"], out["mtime_ns"])] = out["sha256"]
     return found
-
-
-def _flock_holders(path: Path) -> tuple[int, ...]:
-    """Pids holding a flock on `path`, from Linux's /proc/locks; () where that is unknown."""
-    try:
-        st = path.stat()
-        lines = Path("/proc/locks").read_text().splitlines()
-    except OSError:
-        return ()
-    ident = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    same_dev, same_ino = set(), set()
-    for line in lines:
-        fields = line.split()  # "1: FLOCK  ADVISORY  READ 1234 fe:00:2671359 0 EOF"; waiters have a "->"
-        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[4].isdigit():
-            if fields[5].rsplit(":", 1)[-1] == str(st.st_ino):
-                (same_dev if fields[5] == ident else same_ino).add(int(fields[4]))
-    return tuple(sorted((same_dev or same_ino) - {0}))  # an overlay filesystem may report another device
 
 
 def _mtime(path: Path) -> float:

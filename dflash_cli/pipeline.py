@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from dflash_cli.cache import ArtifactHold, Cache, CorruptArtifactError, compute_key, known_digests
+from dflash_cli.cache import Cache, CorruptArtifactError, compute_key, known_digests
+from dflash_cli.cache_locks import ArtifactHold
 from dflash_cli.errors import CacheError, DFlashError, InputVanishedError
 from dflash_cli.stages.base import Stage, StageContext
 from dflash_cli.versions import key_versions, tool_versions
