@@ -25,6 +25,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from dflash_cli.bench.datasets import Sample
+from dflash_cli.bench.endpoint_stream import LOG_HINT, EventStream, count
 from dflash_cli.bench.spread import spread
 from dflash_cli.bench.vllm_fields import latency_fields
 from dflash_cli.decoding.result import GenerationResult
@@ -92,7 +93,7 @@ class Endpoint:
                 "or check its log",
             )
         if isinstance(exc, http.client.RemoteDisconnected):
-            return EndpointError(f"{self.url} closed the connection without a reply {where}", hint=_LOG_HINT)
+            return EndpointError(f"{self.url} closed the connection without a reply {where}", hint=LOG_HINT)
         if isinstance(exc, http.client.BadStatusLine):
             line = str(exc).strip()[:80]
             return EndpointError(
@@ -101,16 +102,16 @@ class Endpoint:
             )
         if isinstance(exc, http.client.IncompleteRead):
             return EndpointError(
-                f"{self.url} cut the reply short {where}: the connection closed mid-body ({exc!r})", hint=_LOG_HINT
+                f"{self.url} cut the reply short {where}: the connection closed mid-body ({exc!r})", hint=LOG_HINT
             )
         if isinstance(exc, (http.client.HTTPException, ValueError)):
-            return EndpointError(f"{self.url} sent a malformed HTTP reply {where}: {exc}", hint=_LOG_HINT)
+            return EndpointError(f"{self.url} sent a malformed HTTP reply {where}: {exc}", hint=LOG_HINT)
         if isinstance(exc, OSError):
             return EndpointError(
                 f"the connection to {self.url} broke {where}: {exc.strerror or exc}",
                 hint="is the server still running?",
             )
-        return EndpointError(f"{self.url} failed {where}: {exc}", hint=_LOG_HINT)
+        return EndpointError(f"{self.url} failed {where}: {exc}", hint=LOG_HINT)
 
     def get(self, path: str) -> tuple[int, bytes]:
         conn, res = self._open("GET", path)
@@ -183,14 +184,14 @@ class Endpoint:
                     f"{self.url} answered with a non-streamed reply (content-type {ctype}) to a `stream: true` request",
                     hint="bench times tokens as they stream: the server must stream chat completions (SSE)",
                 )
-            stream = _Stream(self.url)
+            stream = EventStream(self.url)
             promised = res.length
             for raw in self._lines(res, stream):
                 if not raw.endswith(b"\n") and raw.rstrip() not in (b"data: [DONE]", b"data:[DONE]"):
                     raise EndpointError(
                         f"{self.url} cut the stream short: the connection closed mid-line after "
-                        f"{_count(stream.events, 'event')} ({raw[:60]!r})",
-                        hint=_LOG_HINT,
+                        f"{count(stream.events, 'event')} ({raw[:60]!r})",
+                        hint=LOG_HINT,
                     )
                 if stream.take(raw):
                     break
@@ -198,11 +199,11 @@ class Endpoint:
                 if res.length:  # a Content-Length the body never reached
                     raise EndpointError(
                         f"{self.url} cut the stream short: the connection closed with {res.length} of its "
-                        f"{promised} promised bytes missing, after {_count(stream.events, 'event')}",
-                        hint=_LOG_HINT,
+                        f"{promised} promised bytes missing, after {count(stream.events, 'event')}",
+                        hint=LOG_HINT,
                     )
                 raise EndpointError(
-                    f"{self.url} ended the stream without `data: [DONE]` after {_count(stream.events, 'event')}",
+                    f"{self.url} ended the stream without `data: [DONE]` after {count(stream.events, 'event')}",
                     hint="the server stopped mid-reply: check its log",
                 )
         finally:
@@ -225,13 +226,13 @@ class Endpoint:
             "usage": stream.usage,
         }
 
-    def _lines(self, res: Any, stream: _Stream) -> Iterator[bytes]:
+    def _lines(self, res: Any, stream: EventStream) -> Iterator[bytes]:
         """The response's lines as they arrive; a read failure becomes the server's fault."""
         while True:
             try:
                 raw = res.readline()
             except (OSError, http.client.HTTPException, ValueError) as exc:
-                raise self._fault(exc, f"mid-stream, after {_count(stream.events, 'event')}") from exc
+                raise self._fault(exc, f"mid-stream, after {count(stream.events, 'event')}") from exc
             if not raw:
                 return
             yield raw
@@ -241,82 +242,6 @@ class Endpoint:
             return res.read()
         except (OSError, http.client.HTTPException, ValueError) as exc:
             raise self._fault(exc, where) from exc
-
-
-_LOG_HINT = "the server misbehaved: check its log"
-
-
-class _Stream:
-    """What one chat completion's server-sent events say: text pieces, their times, usage, [DONE]."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.events = 0
-        self.text: list[str] = []
-        self.first: float | None = None
-        self.last: float | None = None
-        self.usage: dict[str, Any] | None = None
-
-    def take(self, raw: bytes) -> bool:
-        """Read one line; True at `data: [DONE]`. Blank lines, comments and other fields are skipped."""
-        if not raw.startswith(b"data:"):
-            return False
-        data = raw[5:].strip()
-        if data == b"[DONE]":
-            return True
-        self.events += 1
-        try:
-            doc = json.loads(data)
-        except ValueError:
-            raise self._bad(f"sent invalid JSON in stream event {self.events}", data) from None
-        if not isinstance(doc, dict):
-            raise self._bad(f"sent stream event {self.events} that is not a JSON object", data)
-        if "error" in doc:
-            error = doc["error"]
-            message = error.get("message") if isinstance(error, dict) else error
-            raise EndpointError(f"{self.url} failed mid-stream: {message}", hint="check the server log")
-        usage = doc.get("usage")
-        if usage is not None:
-            if not isinstance(usage, dict):
-                raise self._bad(f"sent `usage` as {_kind(usage)}, not an object, in stream event {self.events}", data)
-            self.usage = usage
-        choices = doc.get("choices")
-        if choices is None:
-            return False
-        if not isinstance(choices, list):
-            raise self._bad(f"sent `choices` as {_kind(choices)}, not a list, in stream event {self.events}", data)
-        for choice in choices:
-            if not isinstance(choice, dict):
-                raise self._bad(f"sent a choice as {_kind(choice)}, not an object, in stream event {self.events}", data)
-            delta = choice.get("delta")
-            if delta is None:
-                continue
-            if not isinstance(delta, dict):
-                raise self._bad(f"sent `delta` as {_kind(delta)}, not an object, in stream event {self.events}", data)
-            piece = delta.get("content")
-            if piece is not None and not isinstance(piece, str):
-                raise self._bad(f"sent `content` as {_kind(piece)}, not a string, in stream event {self.events}", data)
-            if piece:
-                self.last = time.perf_counter()
-                self.first = self.first if self.first is not None else self.last
-                self.text.append(piece)
-        return False
-
-    def _bad(self, what: str, data: bytes) -> EndpointError:
-        return EndpointError(
-            f"{self.url} {what}: {data[:80].decode(errors='replace')!r}",
-            hint="bench reads OpenAI chat.completion.chunk events: check the server log",
-        )
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}{'' if n == 1 else 's'}"
-
-
-def _kind(value: Any) -> str:
-    """'a dict', 'a string', ... as JSON would call it."""
-    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number", float: "a number"}
-    return names.get(type(value), "null" if value is None else type(value).__name__)
 
 
 def as_result(reply: dict[str, Any]) -> GenerationResult:
