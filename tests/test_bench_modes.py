@@ -16,7 +16,7 @@ from dflash_cli.bench.datasets import Sample
 from dflash_cli.bench.document import MODE_SECTIONS, PLD_ALIAS, section_key, upgrade_document
 from dflash_cli.bench.formats import mode_rows
 from dflash_cli.cli.app import create_app
-from dflash_cli.cli.bench import _parse_modes
+from dflash_cli.cli.bench_args import parse_modes
 from dflash_cli.decoding.modes import ALIASES, DRAFTER_MODES, MODES, MODES_INFO, SPECULATIVE_MODES, canonical
 from dflash_cli.errors import DFlashError
 from tests.test_bench_fakes import FakeEngine
@@ -33,7 +33,7 @@ def test_each_mode_once_and_every_list_derives_from_it():
     sections = dict(MODE_SECTIONS)
     assert all(sections[section_key(m.name)] == m.label for m in MODES_INFO)
     assert {mode for _, mode, _, _ in HEADLINE} - {"baseline"} == set(SPECULATIVE_MODES)
-    assert _parse_modes(",".join(MODES)) == MODES
+    assert parse_modes(",".join(MODES)) == MODES
     # The recipe's run.drafter choices are the speculative modes' names.
     from dflash_cli.recipe import RunConfig
 
@@ -54,9 +54,9 @@ def test_bench_runs_and_reports_every_mode():
 
 
 def test_pld_is_accepted_as_lookup_and_reported_as_lookup():
-    assert canonical("pld") == "lookup" and _parse_modes("plain,pld") == ("plain", "lookup")
+    assert canonical("pld") == "lookup" and parse_modes("plain,pld") == ("plain", "lookup")
     with pytest.raises(DFlashError):
-        _parse_modes("plain,pld,lookup")  # the same mode twice
+        parse_modes("plain,pld,lookup")  # the same mode twice
     engine = FakeEngine()
     result = run_bench(engine, SAMPLES, SETTINGS, modes=("plain", "pld"))
     assert result.modes == ("plain", "lookup") and {m for _, m in engine.calls} == {"plain", "lookup"}

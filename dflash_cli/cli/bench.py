@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from dflash_cli.cli.bench_args import check_floor_modes, check_writable, parse_block_sizes, parse_modes
 from dflash_cli.cli.common import (
     CacheDirOpt,
     JsonOpt,
@@ -223,12 +224,12 @@ def bench_command(
         _compare([Path(a) for a in compare_args[1:]], fmt)
         return
 
-    mode_list = _parse_modes(modes)
-    sizes: list[int | None] = _parse_block_sizes(block_sizes) if block_sizes else [None]
-    _check_floor_modes(mode_list, min_speedup, min_tau)
+    mode_list = parse_modes(modes)
+    sizes: list[int | None] = parse_block_sizes(block_sizes) if block_sizes else [None]
+    check_floor_modes(mode_list, min_speedup, min_tau)
     for path, flag in ((results, "--results"), (output, "--output")):
         if path is not None:
-            _check_writable(path, flag)
+            check_writable(path, flag)
     samples = load_dataset(dataset, max_samples=max_samples, seed=seed)  # fail on a bad dataset before building
     recipe_given = ctx.get_parameter_source("recipe").name != "DEFAULT"
     if max_new_tokens is None:
@@ -247,7 +248,9 @@ def bench_command(
         plain_best=plain_best,
     )
     if endpoint:
-        doc = _bench_endpoint(
+        from dflash_cli.cli.bench_endpoint import bench_endpoint
+
+        doc = bench_endpoint(
             endpoint, model, samples, settings, recipe if recipe_given else None, set_, cache_dir, timeout=timeout
         )
         _finish({0: doc}, fmt=fmt, output=output, min_speedup=None, min_tau=min_tau)
@@ -354,75 +357,6 @@ def _finish(
     check_floors(doc, min_speedup=min_speedup, min_tau=min_tau)
 
 
-def _bench_endpoint(
-    url: str,
-    model: str | None,
-    samples: list[Sample],
-    settings: BenchSettings,
-    recipe_ref: str | None,
-    overrides: list[str] | None,
-    cache_dir: Path | None,
-    *,
-    timeout: float,
-) -> dict[str, Any]:
-    """Run the dataset against a server; with a recipe, build it and check greedy text against plain decoding."""
-    from dflash_cli.bench.datasets import dataset_name
-    from dflash_cli.bench.document import LATENCY_KEYS, SCHEMA_VERSION, _now, tool_commit
-    from dflash_cli.bench.endpoint import Endpoint, run_endpoint
-
-    client = Endpoint(url, timeout=timeout)
-    model = model or client.model()
-    plain_text = None
-    if recipe_ref is not None:
-        from dflash_cli.cache import Cache
-        from dflash_cli.cli.build import build_progress
-        from dflash_cli.decoding.engine import build_engine
-        from dflash_cli.recipe import load_recipe
-
-        with build_progress() as on_event:
-            engine = build_engine(load_recipe(recipe_ref, overrides or []), Cache(cache_dir), on_event)
-
-        def plain_text(messages: list[dict]) -> str:
-            ids = engine.encode_chat(messages)
-            return engine.decode(engine.generate(ids, mode="plain", max_new_tokens=settings.max_new_tokens).tokens)
-
-    show_settings(
-        "dflash bench: endpoint",
-        [
-            ("endpoint", url),
-            ("model", model),
-            ("dataset", f"{settings.dataset} ({len(samples)} samples)"),
-            ("repeat / warmup", f"{settings.repeat} / {settings.warmup}"),
-            ("max_new_tokens", settings.max_new_tokens),
-            ("temperature", settings.temperature),
-            ("lossless check", recipe_ref or "off (pass --recipe)"),
-            ("timeout", f"{timeout:g} s idle"),
-        ],
-    )
-    console = err_console()
-
-    def progress(done: int, total: int) -> None:
-        console.print(f"endpoint [{done}/{total}]", markup=False, highlight=False)
-
-    section = run_endpoint(client, model, samples, settings, plain_text=plain_text, on_progress=progress)
-    ep = section["endpoint"]
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "timestamp": _now(),
-        "tool_commit": tool_commit(),
-        "settings": {**settings.comparable(), "endpoint": url, "model": model, "recipe": recipe_ref},
-        "dataset": {
-            "name": dataset_name(settings.dataset),
-            "spec": settings.dataset,
-            "n_samples": len(samples),
-            "sample_ids": [s.id for s in samples],
-        },
-        **section,
-        **{k: v for k, v in ep.items() if k.startswith("spec_decode_") or k in LATENCY_KEYS},
-        "mean_acceptance_length": ep.get("mean_acceptance_length"),
-    }
-
-
 def _compare(paths: list[Path], fmt: str) -> None:
     from dflash_cli.bench.compare import compare, load_documents, render_rows
 
@@ -460,59 +394,3 @@ def _write_json(path: Path, doc: dict[str, Any]) -> None:
         raise DFlashError(
             f"cannot write {path}: {exc.strerror or exc}", hint="choose a writable --output path"
         ) from exc
-
-
-def _parse_modes(text: str) -> tuple[str, ...]:
-    """The modes by their one names; an old name (ALIASES) is accepted and said so."""
-    given = tuple(m.strip() for m in text.split(",") if m.strip())
-    modes = tuple(ALIASES.get(m, m) for m in given)
-    bad = [m for m in modes if m not in MODES]
-    if not modes or bad or len(set(modes)) != len(modes):
-        raise DFlashError(f"invalid --modes {text!r}", hint=f"comma-separated, distinct, among {','.join(MODES)}")
-    for old in dict.fromkeys(m for m in given if m in ALIASES):
-        err_console().print(f"--modes: {old} is {ALIASES[old]}'s old name; reported as {ALIASES[old]}", markup=False)
-    return modes
-
-
-def _parse_block_sizes(text: str) -> list[int]:
-    try:
-        sizes = [int(part) for part in text.split(",")]  # an empty item (4,,8) is an error, not skipped
-    except ValueError:
-        sizes = []
-    if not sizes or any(b < 2 for b in sizes) or len(set(sizes)) != len(sizes):
-        raise DFlashError(f"invalid --block-sizes {text!r}", hint="distinct integers >= 2, e.g. --block-sizes 4,8,16")
-    return sizes
-
-
-def _check_writable(path: Path, flag: str) -> None:
-    """Refuse a results/output path that cannot be written, before any benchmarking (root ignores mode bits,
-    so this tries a real write next to it)."""
-    import tempfile
-
-    if path.is_dir():
-        raise DFlashError(f"{flag} {path} is a directory", hint=f"pass a file path, e.g. {flag} {path / 'bench.jsonl'}")
-    parent = path.parent if str(path.parent) else Path(".")
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-        if path.exists():
-            with path.open("a"):
-                pass
-        else:
-            with tempfile.NamedTemporaryFile(dir=parent, prefix=".dflash-probe-"):
-                pass
-    except (FileExistsError, NotADirectoryError):
-        raise DFlashError(
-            f"{flag} {path}: a parent of it is a file, not a directory", hint=f"pass a writable path to {flag}"
-        ) from None
-    except OSError as exc:
-        raise DFlashError(
-            f"{flag} {path} is not writable: {exc.strerror or exc}", hint=f"pass a writable path to {flag}"
-        ) from None
-
-
-def _check_floor_modes(modes: tuple[str, ...], min_speedup: float | None, min_tau: float | None) -> None:
-    # Refuse before hours of benchmarking a floor that this run cannot measure.
-    if min_speedup is not None and not {"plain", "dflash"} <= set(modes):
-        raise DFlashError("--min-speedup needs the plain and dflash modes", hint="add them to --modes")
-    if min_tau is not None and "dflash" not in modes:
-        raise DFlashError("--min-tau needs the dflash mode", hint="add dflash to --modes")
