@@ -74,7 +74,7 @@ def outcome(code: int, output: bytes) -> str:
     usage = ("No such option", "Invalid value", "Missing", "Got unexpected")
     said = said or next((ln for ln in lines if ln.startswith(usage)), None) or (lines or [""])[0]
     if "Traceback (most recent call last)" in text:
-        last = [ln for ln in lines if re.match(r"^[\w.]+(Error|Exception)\b", ln)]
+        last = [ln for ln in lines if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Line|Read)\b", ln)]
         said = "TRACEBACK " + (last[-1] if last else said)
     return f"exit {code} · {said[:160]}"
 

@@ -207,3 +207,23 @@ def test_lm_head_rows_are_checked_too(tiny_llama_pair: TinyPair, tmp_path: Path)
     res = _build_convert(str(pair.write_recipe(tmp_path / "r.yaml")), tmp_path / "cache")
     assert_one_error(res, 1, "vocab_size 400", "lm_head.weight has 390 rows")
     assert "differ too" in res.stderr
+
+
+# --- sliding-window layers (would be computed as full attention) --------------------------------
+
+
+@pytest.mark.parametrize(
+    "role, edit",
+    [
+        ("draft", {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 64}),
+        ("target", {"layer_types": None, "use_sliding_window": True, "sliding_window": 64, "max_window_layers": 2}),
+    ],
+)
+def test_sliding_window_layers_are_refused_at_convert(
+    tiny_qwen3_pair: TinyPair, tmp_path: Path, role: str, edit: dict
+) -> None:
+    pair = tiny_qwen3_pair.copy_to(tmp_path / "pair")
+    config = (pair.draft_dir if role == "draft" else pair.target_dir) / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), **edit}))
+    res = _build_convert(str(pair.write_recipe(tmp_path / "r.yaml")), tmp_path / "cache")
+    assert_one_error(res, 1, f"{role} layer", "sliding_attention", "only full attention is supported", str(config))

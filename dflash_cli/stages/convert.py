@@ -113,6 +113,8 @@ def describe(recipe: Any) -> Described:
     target_cfg = ckpt.load_config(target_dir)
     draft_cfg = ckpt.load_config(draft_dir)
     _check_roles(target_dir, target_cfg, draft_cfg)
+    _check_full_attention(target_dir, target_cfg, "target")
+    _check_full_attention(draft_dir, draft_cfg, "draft")
     _check_tokenizer(target_dir)
     target = WeightStore.open(target_dir)
     if EMBED_KEY not in target:
@@ -161,6 +163,24 @@ def _check_roles(target_dir: Path, target_cfg: dict[str, Any], draft_cfg: dict[s
         f"target checkpoint is a DFlash draft, not a target model ({ckpt.CONFIG_FILE} has {what}): {target_dir}",
         hint=hint,
     )
+
+
+def _check_full_attention(path: Path, cfg: dict[str, Any], role: str) -> None:
+    """Our modules attend over the whole context: a sliding-window layer would be computed as a full
+    one, silently giving other tokens, so it is refused until it is supported."""
+    kinds = cfg.get("layer_types")  # what transformers 5 computes by, when the config has it
+    if not isinstance(kinds, list):
+        window = cfg.get("use_sliding_window") is True and cfg.get("sliding_window")
+        start, layers = int(cfg.get("max_window_layers") or 0), int(cfg.get("num_hidden_layers") or 0)
+        kinds = ["sliding_attention" if window and i >= start else "full_attention" for i in range(layers)]
+    sliding = [i for i, k in enumerate(kinds) if k != "full_attention"]
+    if sliding:
+        kind = kinds[sliding[0]]
+        raise CheckpointError(
+            f"{role} layer {sliding[0]} is {kind!r} (window {cfg.get('sliding_window')}) and "
+            f"{len(sliding)} layer(s) in all: only full attention is supported: {path / ckpt.CONFIG_FILE}",
+            hint="this checkpoint cannot be built yet; use a pair whose layers are all full_attention",
+        )
 
 
 def _check_vocab_size(target_dir: Path, target_cfg: dict[str, Any], target: WeightStore) -> None:
