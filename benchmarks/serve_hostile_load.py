@@ -48,7 +48,8 @@ def main() -> int:
     ap.add_argument("--recipe", default="demo")
     ap.add_argument("--cache-dir", default=None)
     ap.add_argument("--clients", type=int, default=16)
-    ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--seconds", type=float, default=60.0, help="the load's length (0: latency only)")
+    ap.add_argument("--latency-requests", type=int, default=20, help="normal requests timed idle and busy")
     ap.add_argument("--src", default=None, help="run dflash from this checkout (PYTHONPATH)")
     ap.add_argument("--oversized-mb", type=float, default=10.0)
     ap.add_argument("--seed", type=int, default=0)
@@ -72,10 +73,12 @@ def main() -> int:
         big = b'{"prompt": "' + b"x" * int(args.oversized_mb * 2**20) + b'"}'
         print(f"server {url}; {args.clients} clients for {args.seconds:.0f} s", flush=True)
         decode = _decoder(args.recipe)
-        records = _load(url, want, decode, args.clients, args.seconds, big, random.Random(args.seed))
-        ok = _report_load(records)
-        idle = [_timed_normal(url) for _ in range(20)]
-        busy = _during_oversized(url, big, 20)
+        ok = True
+        if args.seconds > 0:
+            records = _load(url, want, decode, args.clients, args.seconds, big, random.Random(args.seed))
+            ok = _report_load(records)
+        idle = [_timed_normal(url) for _ in range(args.latency_requests)]
+        busy = _during_oversized(url, big, args.latency_requests)
         ok &= _report_latency(idle, busy)
     finally:
         proc.send_signal(signal.SIGINT)
