@@ -6,7 +6,7 @@ Only a directory whose manifest parses, names the same stage and key, and whose 
 exist with their recorded sizes counts as a hit. A per-key file lock lets concurrent builds of
 the same artifact wait for one another instead of racing.
 Whoever reads a published artifact (a build reading an upstream stage, an engine serving compiled
-graphs) holds it (`hold`, cache_locks.py); `clean` skips what is held.
+graphs) holds it (`hold`, cache_locks.py); `clean` (cache_upkeep.py) skips what is held.
 """
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from filelock import FileLock, Timeout
 
-from dflash_cli.cache_locks import ArtifactHold, claim, hold_shared
+from dflash_cli.cache_locks import ArtifactHold, hold_shared
 from dflash_cli.errors import CacheError
 from dflash_cli.hashing import sha256_file, take_fresh_digest
 
@@ -99,32 +99,6 @@ class Entry:
     @property
     def age_s(self) -> float:
         return max(0.0, time.time() - self.created)
-
-
-@dataclass
-class VerifyReport:
-    entry: Entry
-    problems: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-
-@dataclass(frozen=True)
-class InUse:
-    """An artifact `clean` left alone: a build or an engine holds it (`pids`: its holders, when known)."""
-
-    entry: Entry
-    pids: tuple[int, ...] = ()
-
-
-@dataclass
-class CleanReport:
-    removed: list[Entry] = field(default_factory=list)
-    bytes_freed: int = 0
-    tmp_removed: int = 0
-    in_use: list[InUse] = field(default_factory=list)
 
 
 class Cache:
@@ -255,17 +229,10 @@ class Cache:
     def hold(self, stage: str, key: str) -> ArtifactHold:
         """Hold (stage, key)'s artifact for as long as it is read: `clean` skips it meanwhile. Take it
         before looking the artifact up (a `clean` removing it right then makes the lookup miss)."""
-        return hold_shared(self._use_lock(stage, key))
+        return hold_shared(self.use_lock(stage, key))
 
-    def _use_lock(self, stage: str, key: str) -> Path:
+    def use_lock(self, stage: str, key: str) -> Path:
         return self.locks_dir / f"{stage}-{key}.use"
-
-    @contextlib.contextmanager
-    def _claim(self, entry: Entry) -> Iterator[InUse | None]:
-        """Yields None when `entry` is claimed for removal, else who holds it."""
-        use, build = self._use_lock(entry.stage, entry.key), self.locks_dir / f"{entry.stage}-{entry.key}.lock"
-        with claim(use, build) as holders:
-            yield None if holders is None else InUse(entry, holders)
 
     @contextlib.contextmanager
     def staging(self, stage: str, key: str) -> Iterator[Path]:
@@ -344,63 +311,6 @@ class Cache:
 
     # -- maintenance ----------------------------------------------------------------------------
 
-    def verify(self, progress: Callable[[Entry], None] | None = None) -> list[VerifyReport]:
-        """Re-hash every output of every artifact; report missing, resized and modified files."""
-        reports = []
-        for entry in self.entries():
-            if progress is not None:
-                progress(entry)
-            report = VerifyReport(entry)
-            if entry.manifest is None:
-                report.problems.append(entry.problem or "no manifest")
-                reports.append(report)
-                continue
-            for out in entry.manifest.get("outputs", []):
-                file = entry.path / out["path"]
-                if not file.is_file():
-                    report.problems.append(f"missing: {out['path']}")
-                elif file.stat().st_size != out.get("size"):
-                    report.problems.append(f"size changed: {out['path']}")
-                elif sha256_file(file) != out.get("sha256"):
-                    report.problems.append(f"contents changed: {out['path']}")
-            reports.append(report)
-        return reports
-
-    def clean(self, older_than_s: float | None = None, dry_run: bool = False) -> CleanReport:
-        """Remove artifacts (all, or those created more than `older_than_s` ago) and stale tmp dirs.
-
-        An artifact that a running build or engine holds (`hold`), or that a build is replacing, is skipped
-        and listed in `in_use`. Each other one is renamed into one trash dir under its exclusive lock.
-        """
-        report = CleanReport()
-        trash: Path | None = None
-        try:
-            for n, entry in enumerate(self.entries()):
-                if older_than_s is not None and entry.age_s < older_than_s:
-                    continue
-                with self._claim(entry) as busy:
-                    if busy is not None:
-                        report.in_use.append(busy)
-                        continue
-                    if dry_run:
-                        report.removed.append(entry)
-                        continue
-                    if trash is None:
-                        self.tmp_dir.mkdir(parents=True, exist_ok=True)
-                        trash = Path(tempfile.mkdtemp(prefix="trash-", dir=self.tmp_dir))
-                    with contextlib.suppress(FileNotFoundError):  # unless another clean removed it meanwhile
-                        os.rename(entry.path, trash / f"{n}-{entry.key}")
-                        report.removed.append(entry)
-            # A file hard-linked into an artifact that stays (or into the user's checkpoint) is not freed:
-            # removing a directory only drops its own links, so a shared file lives on where still used.
-            report.bytes_freed = _freed_bytes([trash] if trash else [e.path for e in report.removed])
-        finally:
-            if trash is not None:
-                shutil.rmtree(trash, ignore_errors=True)
-        if not dry_run:
-            report.tmp_removed = self.clean_stale_tmp()
-        return report
-
     def clean_stale_tmp(self) -> int:
         """Delete tmp dirs whose build is no longer running (its key's lock is free)."""
         removed = 0
@@ -455,19 +365,6 @@ def _mtime(path: Path) -> float:
         return path.stat().st_mtime
     except OSError:
         return 0.0
-
-
-def _freed_bytes(paths: list[Path]) -> int:
-    """Bytes that removing `paths` frees: inodes all of whose hard links are inside them."""
-    links: dict[tuple[int, int], list[int]] = {}
-    for root in paths:
-        for p in root.rglob("*"):
-            with contextlib.suppress(OSError):
-                if p.is_file() and not p.is_symlink():
-                    st = p.stat()
-                    entry = links.setdefault((st.st_dev, st.st_ino), [0, st.st_nlink, st.st_size])
-                    entry[0] += 1
-    return sum(size for seen, nlink, size in links.values() if seen >= nlink)
 
 
 def _tree_size(path: Path) -> int:

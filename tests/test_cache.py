@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from dflash_cli.cache import MANIFEST, Cache, compute_key, parse_age
+from dflash_cli.cache_upkeep import clean, verify
 from dflash_cli.errors import CacheError
 
 
@@ -122,7 +123,7 @@ def test_verify_detects_modified_and_missing_files(tmp_path: Path) -> None:
     publish_one(cache, key="gone")
     (bad / "sub" / "model.bin").write_bytes(b"WEIGHTS")  # same size, different bytes: only a hash finds it
     (cache.path_for("convert", "gone") / "config.json").unlink()
-    reports = {r.entry.key: r for r in cache.verify()}
+    reports = {r.entry.key: r for r in verify(cache)}
     assert reports["good"].ok
     assert reports["bad"].problems == ["contents changed: sub/model.bin"]
     assert reports["gone"].problems == ["missing: config.json"]
@@ -145,14 +146,14 @@ def test_clean_older_than(tmp_path: Path) -> None:
     manifest["created_unix"] = time.time() - 8 * 86400
     (old / MANIFEST).write_text(json.dumps(manifest))
 
-    dry = cache.clean(parse_age("7d"), dry_run=True)
+    dry = clean(cache, parse_age("7d"), dry_run=True)
     assert [e.key for e in dry.removed] == ["old"] and old.exists()
 
-    report = cache.clean(parse_age("7d"))
+    report = clean(cache, parse_age("7d"))
     assert [e.key for e in report.removed] == ["old"] and report.bytes_freed > 0
     assert not old.exists() and cache.lookup("convert", "new") is not None
 
-    cache.clean()
+    clean(cache)
     assert cache.entries() == []
 
 

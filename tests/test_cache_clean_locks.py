@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from dflash_cli import pipeline
 from dflash_cli.cache import Cache
+from dflash_cli.cache_upkeep import clean as clean_cache
 from dflash_cli.cli.app import create_app
 from dflash_cli.pipeline import artifact_paths, build
 from dflash_cli.recipe import Recipe
@@ -94,7 +95,7 @@ def test_clean_skips_an_artifact_a_build_is_producing(tmp_path: Path) -> None:
     cache = Cache(tmp_path)
     stale = publish(cache, "inject", "d" * 64)
     with cache.lock("inject", "d" * 64):  # a --rebuild of it runs: its publish will swap this one out
-        assert [u.entry.key for u in cache.clean().in_use] == ["d" * 64] and stale.is_dir()
+        assert [u.entry.key for u in clean_cache(cache).in_use] == ["d" * 64] and stale.is_dir()
 
 
 # --- a real pipeline run with fake stages -----------------------------------------------------------
@@ -123,7 +124,7 @@ def test_clean_during_a_build_spares_what_the_build_reads(tmp_path: Path) -> Non
     reports = []
     stages = [
         Stage("convert"),
-        Stage("inject", ("convert",), during=lambda ctx: reports.append(Cache(tmp_path).clean())),
+        Stage("inject", ("convert",), during=lambda ctx: reports.append(clean_cache(Cache(tmp_path)))),
         Stage("export", ("inject",)),
     ]
     result = build(RECIPE, cache, stages=stages)  # the clean ran inside inject, after convert was published
@@ -133,11 +134,11 @@ def test_clean_during_a_build_spares_what_the_build_reads(tmp_path: Path) -> Non
 
     # Once the build has returned it holds nothing; with hold=True it holds until release().
     held = build(RECIPE, cache, stages=stages[:1] + [Stage("inject", ("convert",))], hold=True)
-    report = cache.clean()  # export is not part of that build: nothing holds it
+    report = clean_cache(cache)  # export is not part of that build: nothing holds it
     assert {u.entry.stage for u in report.in_use} == {"convert", "inject"}
     assert [e.stage for e in report.removed] == ["export"]
     held.release()
-    assert len(cache.clean().removed) == 2 and cache.entries() == []
+    assert len(clean_cache(cache).removed) == 2 and cache.entries() == []
 
 
 def test_artifact_paths_can_hold_what_they_return(tmp_path: Path) -> None:
@@ -146,12 +147,12 @@ def test_artifact_paths_can_hold_what_they_return(tmp_path: Path) -> None:
     build(RECIPE, cache, stages=stages)
     holds: list = []
     paths = artifact_paths(RECIPE, cache, ["inject"], stages=stages, holds=holds)
-    report = cache.clean()
+    report = clean_cache(cache)
     assert [u.entry.stage for u in report.in_use] == ["inject"] and [e.stage for e in report.removed] == ["convert"]
     assert paths["inject"].is_dir()
     for held in holds:
         held.release()
-    assert [e.stage for e in cache.clean().removed] == ["inject"]
+    assert [e.stage for e in clean_cache(cache).removed] == ["inject"]
 
 
 # --- inputs removed by hand while a stage runs -------------------------------------------------------

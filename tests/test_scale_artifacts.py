@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from dflash_cli.cache import Cache
+from dflash_cli.cache_upkeep import verify
 from dflash_cli.pipeline import artifact_paths, build
 from dflash_cli.recipe import load_recipe
 from tests.fixtures.tiny_pairs import TinyPair
@@ -53,7 +54,7 @@ def test_manifests_reuse_digests_of_linked_files(built) -> None:
     digests = {(o["inode"], o["sha256"]) for m in manifests.values() for o in m["outputs"]}
     ino = os.stat(paths["export"] / "target.onnx.data").st_ino
     assert len({d for i, d in digests if i == ino}) == 1  # one digest per shared inode
-    assert all(r.ok for r in cache.verify())
+    assert all(r.ok for r in verify(cache))
 
 
 def test_cache_size_counts_shared_files_once(built) -> None:
@@ -77,16 +78,16 @@ def test_removing_an_artifact_keeps_files_other_artifacts_use(tiny_qwen3_pair: T
     paths = artifact_paths(recipe, cache, ("convert", "inject", "export", "compile"))
     entries = {e.stage: e for e in cache.entries()}
     # What clean would free for convert alone: nothing that inject still links (nor the user's checkpoint).
-    from dflash_cli.cache import _freed_bytes
+    from dflash_cli.cache_upkeep import freed_bytes
 
     side = sum(p.stat().st_size for p in paths["convert"].rglob("*") if p.is_file() and p.suffix != ".safetensors")
-    assert _freed_bytes([paths["convert"]]) == side  # configs and tokenizer only: the weights are still linked
-    assert _freed_bytes([paths["export"]]) == sum(  # compile links every data file (its graphs are rewritten)
+    assert freed_bytes([paths["convert"]]) == side  # configs and tokenizer only: the weights are still linked
+    assert freed_bytes([paths["export"]]) == sum(  # compile links every data file (its graphs are rewritten)
         p.stat().st_size for p in paths["export"].rglob("*") if p.suffix != ".data"
     )
     cache._trash(entries["convert"].path)
     cache._trash(entries["export"].path)
-    assert all(r.ok for r in cache.verify())  # inject and compile are whole without them
+    assert all(r.ok for r in verify(cache))  # inject and compile are whole without them
     from dflash_cli.decoding.engine import Engine
 
     # The engine needs export too: rebuild it (from inject, which survived) and generate.
@@ -105,7 +106,7 @@ def test_flipped_byte_in_a_shared_file_shows_in_every_artifact_using_it(tiny_qwe
     raw[len(raw) // 2] ^= 0xFF
     with data.open("r+b") as f:  # in place: the same inode, as a disk fault would
         f.write(raw)
-    bad = {r.entry.stage for r in cache.verify() if not r.ok}
+    bad = {r.entry.stage for r in verify(cache) if not r.ok}
     assert bad == {"export", "compile"}
 
 
@@ -122,7 +123,7 @@ def test_killed_export_publishes_nothing_and_leaves_upstream_whole(tiny_qwen3_pa
     with pytest.raises(KeyboardInterrupt):
         build(recipe, cache)
     assert {e.stage for e in cache.entries()} == {"convert", "inject"}
-    assert all(r.ok for r in cache.verify())
+    assert all(r.ok for r in verify(cache))
     assert not list(cache.tmp_dir.glob("export-*"))
     assert (tiny_qwen3_pair.target_dir / "model.safetensors").is_file()
 

@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from dflash_cli.cache import Cache, parse_age
+from dflash_cli.cache_upkeep import clean, verify
 from dflash_cli.cli.common import (
     CacheDirOpt,
     JsonOpt,
@@ -65,7 +66,7 @@ def ls_command(cache_dir: CacheDirOpt = None, json_: JsonOpt = False) -> None:
 def verify_command(cache_dir: CacheDirOpt = None, json_: JsonOpt = False) -> None:
     """Re-hash every cached file; exit non-zero if any artifact is missing files or was modified."""
     cache = Cache(cache_dir)
-    reports = cache.verify()
+    reports = verify(cache)
     bad = [r for r in reports if not r.ok]
     if json_:
         print_json(
@@ -127,7 +128,7 @@ def clean_command(
     cache = Cache(cache_dir)
     if older_than is None and not dry_run and not yes:
         _confirm_everything(cache)
-    report = cache.clean(parse_age(older_than) if older_than else None, dry_run=dry_run)
+    report = clean(cache, parse_age(older_than) if older_than else None, dry_run=dry_run)
     if json_:
         print_json(
             {
