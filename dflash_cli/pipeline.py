@@ -20,6 +20,7 @@ from typing import Any, Literal
 from dflash_cli.cache import Cache, CorruptArtifactError, compute_key, known_digests
 from dflash_cli.cache_locks import ArtifactHold
 from dflash_cli.errors import CacheError, DFlashError, InputVanishedError
+from dflash_cli.process_memory import peak_rss_bytes, release_memory
 from dflash_cli.stages.base import Stage, StageContext
 from dflash_cli.versions import key_versions, tool_versions
 
@@ -384,25 +385,6 @@ def _vanished(
             hint=f"rebuild: {command}",
         )
     return None
-
-
-def peak_rss_bytes() -> int:
-    """Peak resident memory of this process so far (Linux reports ru_maxrss in KiB)."""
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def release_memory() -> None:
-    """Hand memory a finished stage freed back to the OS, so the next stage starts lean."""
-    import ctypes
-    import gc
-
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to trim
-        pass
 
 
 def _resolve_stages(stages: Sequence[Stage] | None) -> list[Stage]:

@@ -25,6 +25,7 @@ LAYERS = {
     "cache": 0,
     "cache_locks": 0,
     "cache_upkeep": 0,
+    "process_memory": 0,
     "hashing": 0,
     "ort_threads": 0,  # ONNX Runtime's process-wide thread pool: exporting/ and backends/ both open sessions
     "__init__": 0,
