@@ -68,10 +68,10 @@ def resolve_pair(
     """Merge recipe overrides with the draft config and validate the pair."""
     model_type = target_cfg.get("model_type")
     family = family_for(model_type)
-    if recipe.family != model_type:
+    if recipe.family != family.model_type:
         raise CheckpointError(
             f"recipe family {recipe.family!r} does not match the target's model_type {model_type!r}",
-            hint=f"set family: {model_type} in the recipe, or point target.path at a {recipe.family} checkpoint",
+            hint=f"set family: {family.model_type} in the recipe, or point target.path at a {recipe.family} checkpoint",
         )
     dflash_cfg = draft_cfg.get("dflash_config")
     if not isinstance(dflash_cfg, dict):

@@ -1,9 +1,9 @@
 """The session interface every backend implements.
 
 A session owns one compiled graph in the retained-state convention: the caller feeds only the
-non-cache inputs (`input_ids`, `position_ids`, ...) and the session keeps `past_key.{i}` /
-`past_value.{i}` wired to the previous call's `*_RetainedState` outputs, never copying them
-to the caller.
+non-cache inputs (`input_ids`, `position_ids`, ...) and the session keeps every `past_*` input
+(`past_key.{i}` / `past_value.{i}`, a hybrid target's linear-attention states) wired to the previous
+call's `*_RetainedState` outputs, never copying them to the caller.
 """
 
 from __future__ import annotations
@@ -28,7 +28,12 @@ class Session(Protocol):
 
 
 def is_cache_input(name: str) -> bool:
-    return name.startswith("past_key.") or name.startswith("past_value.")
+    """K/V caches, and a hybrid target's linear-attention states (past_conv.i, past_recurrent.i, ...)."""
+    return name.startswith("past_")
+
+
+def is_kv_input(name: str) -> bool:
+    return name.startswith(("past_key.", "past_value."))
 
 
 def retained_name(cache_input: str) -> str:

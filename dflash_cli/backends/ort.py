@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dflash_cli.backends.base import is_cache_input, retained_name
+from dflash_cli.backends.base import is_cache_input, is_kv_input, retained_name
 from dflash_cli.errors import BackendError
 from dflash_cli.ort_threads import apply_thread_pool
 
@@ -92,9 +92,10 @@ class OrtSession:
         self.cache_names = [i.name for i in inputs if is_cache_input(i.name)]
         self.input_names = [i.name for i in inputs if not is_cache_input(i.name)]
         self.output_names = [o.name for o in self._sess.get_outputs() if not o.name.endswith("_RetainedState")]
-        dtype = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+        dtype = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64}
         self._cache_spec = {i.name: (tuple(i.shape), dtype[i.type]) for i in inputs if is_cache_input(i.name)}
-        self.ctx_len = next(iter(self._cache_spec.values()))[0][2] if self._cache_spec else 0
+        kv = [shape for n, (shape, _) in self._cache_spec.items() if is_kv_input(n)]
+        self.ctx_len = kv[0][2] if kv else 0
         self._buffers = [self._alloc(), self._alloc()]
         self._bindings = [
             self._bind(self._buffers[0], self._buffers[1]),
@@ -124,7 +125,9 @@ class OrtSession:
         buffers may hold (the fp16 emulation fills NaN: the graph must ignore slots nobody wrote)."""
         for buffers in self._buffers:
             for n, (shape, dt) in self._cache_spec.items():
-                buffers[n].update_inplace(np.full(shape, fill, dt))
+                # Integer state (a hybrid target's row positions) has no NaN: -1 is "nothing there".
+                value = fill if np.issubdtype(dt, np.floating) or fill == 0.0 else -1
+                buffers[n].update_inplace(np.full(shape, value, dt))
         self._parity = 0
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

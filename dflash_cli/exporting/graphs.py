@@ -52,7 +52,7 @@ def plan_jobs(src: Path, shape: PairShape, options: ExportOptions, reduced=None)
     dtype, logits = options.torch_dtype, options.logits
     target_cfg, draft_cfg = reduced.configs(src) if reduced is not None else (target_config(src), draft_config(src))
     layer_ids, rows = (reduced.ids, reduced.rows) if reduced is not None else (None, None)
-    target = build_target(src, logits, cfg=target_cfg, layer_ids=layer_ids, device="meta", dtype=dtype)
+    target = build_target(src, logits, cfg=target_cfg, layer_ids=layer_ids, device="meta", dtype=dtype, shape=shape)
     draft = build_draft(src, logits, cfg=draft_cfg, vocab=rows, device="meta", dtype=dtype)
     jobs: list[_Job] = []
     for gname, module, store, rename, rope_cfg, sym in (
@@ -83,7 +83,9 @@ def plan_jobs(src: Path, shape: PairShape, options: ExportOptions, reduced=None)
                 rot.use_tables(cos.to(device), sin.to(device))
         # "_prefix": the same module traced in its prefix-cache form for ONNX Runtime (see
         # StaticCacheTarget.use_prefix_cache); `written` makes it point at the weights already written.
-        for flavour in ("", "_prefix") if options.prefix_graphs else ("",):
+        # A hybrid (linear-attention) target has its static form only, for now: ONNX Runtime runs it as it is.
+        prefix_form = options.prefix_graphs and not (gname == "target" and _is_hybrid(module))
+        for flavour in ("", "_prefix") if prefix_form else ("",):
             jobs.append(_Job(gname, flavour, module, stand_in, store, rename, sources, sym))
     return jobs
 
@@ -162,7 +164,7 @@ def _one_layer_stand_in(gname, module, hf_config, src: Path, options: ExportOpti
     from dflash_cli.modeling.loading import build_draft, build_target
 
     depth = module.spec.num_layers if gname == "target" else len(module.draft.layers)
-    if depth < 2:
+    if depth < 2 or (gname == "target" and _is_hybrid(module)):  # layers of two kinds: replicate.py grows one
         return None
     cfg = copy.deepcopy(hf_config)
     cfg.num_hidden_layers = 1
@@ -173,6 +175,12 @@ def _one_layer_stand_in(gname, module, hf_config, src: Path, options: ExportOpti
     stand_in = build_target(src, options.logits, cfg=cfg, layer_ids=ids, device="meta", dtype=dtype)
     stand_in.normed_tap = -1
     return stand_in
+
+
+def _is_hybrid(module) -> bool:
+    from dflash_cli.modeling.hybrid_target import HybridCacheTarget
+
+    return isinstance(module, HybridCacheTarget)
 
 
 def layer_plan(gname: str, module) -> LayerPlan:
@@ -267,7 +275,9 @@ def _constant(t: torch.Tensor) -> Initializer:
 def _example_inputs(gname: str, module, shape: PairShape, dtype: torch.dtype, prefix_cache: bool = False) -> tuple:
     B, P = shape.block, shape.prefill
     meta = torch.device("meta")
-    if prefix_cache:  # [1, L, kvh, d] with an example L unlike any other size, so it stays symbolic
+    if _is_hybrid(module):  # its cache inputs are of several kinds: the module knows their shapes
+        past = module.empty_cache(shape.ctx_len, dtype=dtype, device=meta)
+    elif prefix_cache:  # [1, L, kvh, d] with an example L unlike any other size, so it stays symbolic
         past = [
             torch.empty((1, P + 3, p.shape[1], p.shape[3]), dtype=dtype, device=meta) for p in module.empty_cache(1)
         ]

@@ -180,7 +180,9 @@ def graph_checks(
     rng = np.random.default_rng(GRAPHS.index(gname))
     B, P, C = shape.block, shape.prefill, shape.ctx_len
     if gname == "target":
-        target = build_target(src, options.logits, cfg=tcfg, layer_ids=ids, device="meta", dtype=torch.float32)
+        target = build_target(
+            src, options.logits, cfg=tcfg, layer_ids=ids, device="meta", dtype=torch.float32, shape=shape
+        )
         fill_weights(target, WeightStore.open(src / "target"), rows=rows)
         target.rotary = Rotary(tcfg)
         checks = compare_graph(

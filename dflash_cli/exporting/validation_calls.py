@@ -12,7 +12,8 @@ def positions(start: int, n_real: int, length: int) -> np.ndarray:
 
 
 def target_calls(rng, pair: dict, B: int, P: int) -> list[tuple[str, dict]]:
-    """A padded prefill chunk, then a verify block after it (exercises padding and cache reuse)."""
+    """A padded prefill chunk, a verify block after it, and a verify after only two of its tokens were
+    accepted (exercises padding, cache reuse and rollback)."""
     V = pair["vocab_size"]
     n = P - 2
     ids = rng.integers(0, V, size=(1, P), dtype="int64")
@@ -20,6 +21,7 @@ def target_calls(rng, pair: dict, B: int, P: int) -> list[tuple[str, dict]]:
     return [
         ("prefill(padded)", {"input_ids": ids, "position_ids": positions(0, n, P)}),
         ("verify", {"input_ids": block, "position_ids": positions(n, B, B)}),
+        ("verify(2 accepted)", {"input_ids": block[:, ::-1].copy(), "position_ids": positions(n + 2, B, B)}),
     ]
 
 

@@ -12,16 +12,26 @@ class Family:
     model_type: str
     qk_norm: bool  # Qwen3 normalises q and k per head before RoPE; Llama does not
     default_mask_token_id: int | None  # the published drafts' mask id, when the draft config lacks one
+    # Hugging Face model_types of this family's checkpoints (the multimodal layout and the text-only one)
+    model_types: tuple[str, ...] = ()
+    # Linear-attention layers between full-attention ones (modeling/hybrid_target.py), not StaticCacheTarget
+    hybrid: bool = False
 
 
 FAMILIES: dict[str, Family] = {
     "qwen3": Family("qwen3", qk_norm=True, default_mask_token_id=151669),
     "llama": Family("llama", qk_norm=False, default_mask_token_id=128002),
+    # Qwen3.5 / Qwen3.6 dense: Gated DeltaNet layers, every fourth layer gated full attention (text path).
+    "qwen3_5": Family(
+        "qwen3_5", qk_norm=True, default_mask_token_id=248070, model_types=("qwen3_5", "qwen3_5_text"), hybrid=True
+    ),
 }
 
 
 def family_for(model_type: str | None) -> Family:
-    fam = FAMILIES.get(model_type or "")
+    fam = FAMILIES.get(model_type or "") or next(
+        (f for f in FAMILIES.values() if model_type and model_type in f.model_types), None
+    )
     if fam is None:
         raise CheckpointError(
             f"unsupported target model_type {model_type!r}",

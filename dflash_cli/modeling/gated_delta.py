@@ -35,10 +35,16 @@ from dflash_cli.modeling.layers import rms_normalize
 _MAX_SQUARINGS = 6
 
 
-def _unit_lower_inverse(a: torch.Tensor) -> torch.Tensor:
-    """(I + a)^-1 for strictly lower-triangular a [..., T, T], by the factored Neumann series."""
+def squarings_for(longest_call: int) -> int:
+    """Squarings that make `_unit_lower_inverse` exact for calls of up to `longest_call` tokens."""
+    return max(1, (longest_call - 1).bit_length())
+
+
+def _unit_lower_inverse(a: torch.Tensor, squarings: int | None = None) -> torch.Tensor:
+    """(I + a)^-1 for strictly lower-triangular a [..., T, T], by the factored Neumann series: exact while
+    T <= 2^squarings (default: enough for T when it is known at trace time, else _MAX_SQUARINGS)."""
     t = a.shape[-1]
-    steps = (t - 1).bit_length() if isinstance(t, int) else _MAX_SQUARINGS
+    steps = squarings or ((t - 1).bit_length() if isinstance(t, int) else _MAX_SQUARINGS)
     power = -a
     inv = torch.eye(t, dtype=a.dtype, device=a.device) + power  # I - a: covers powers below 2
     for _ in range(1, steps):
@@ -47,7 +53,7 @@ def _unit_lower_inverse(a: torch.Tensor) -> torch.Tensor:
     return inv
 
 
-def _intra_block(k, v, g, beta):
+def _intra_block(k, v, g, beta, squarings: int | None = None):
     """The S_0-independent parts of a block, over any leading dims ([..., T, d]; g, beta [..., T]).
 
     Returns (G, D, W, Y) with U = Y - W @ S_0 (the delta-rule corrections of the block)."""
@@ -58,7 +64,7 @@ def _intra_block(k, v, g, beta):
     decay = torch.where(lower, log_decay, torch.finfo(k.dtype).min).exp()
     k_beta = k * beta.unsqueeze(-1)
     strictly_lower = torch.ones(t, t, dtype=torch.bool, device=k.device).tril(-1)
-    inv = _unit_lower_inverse(torch.where(strictly_lower, (k_beta @ k.transpose(-1, -2)) * decay, 0.0))
+    inv = _unit_lower_inverse(torch.where(strictly_lower, (k_beta @ k.transpose(-1, -2)) * decay, 0.0), squarings)
     w = inv @ (k_beta * cum.exp().unsqueeze(-1))
     y = inv @ (v * beta.unsqueeze(-1))
     return cum, decay, w, y
@@ -109,13 +115,14 @@ class GatedDeltaLayer(nn.Module):
         conv = torch.zeros(batch, self.conv_dim, self.kernel - 1, dtype=dtype, device=device)
         return conv, torch.zeros(batch, self.v_heads, self.dk, self.dv, dtype=torch.float32, device=device)
 
-    def _inputs(self, x: torch.Tensor, conv_state: torch.Tensor):
-        """Projections and causal conv: (q, k, v [B, Hv, T, d] fp32, g, beta [B, Hv, T], z, window)."""
+    def _inputs(self, x: torch.Tensor, conv_state: torch.Tensor, valid: torch.Tensor | None = None):
+        """Projections and causal conv: (q, k, v [B, Hv, T, d] fp32, g, beta [B, Hv, T], z, window).
+
+        `valid` [B, T] (bool): rows that are padding get g = 0 and beta = 0, so they leave the state as it was."""
         bsz, t, _ = x.shape
         qkv = self.in_proj_qkv(x).transpose(1, 2)
         window = torch.cat([conv_state.to(qkv.dtype), qkv], dim=-1)  # [B, conv_dim, K-1+T]
-        mixed = F.silu(F.conv1d(window.to(self.conv1d.weight.dtype), self.conv1d.weight, groups=self.conv_dim))
-        mixed = mixed.transpose(1, 2).float()
+        mixed = F.silu(self._depthwise(window, t)).transpose(1, 2).float()
         q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         rep = self.v_heads // self.k_heads
         # l2norm(x) = x * rsqrt(sum x^2 + eps) = rms_normalize(x, eps / d) / sqrt(d); q also gets 1/sqrt(dk).
@@ -128,8 +135,19 @@ class GatedDeltaLayer(nn.Module):
         v = v.reshape(bsz, t, self.v_heads, self.dv)
         beta = torch.sigmoid(self.in_proj_b(x).float())
         g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())
+        if valid is not None:
+            beta, g = (torch.where(valid[..., None], y, 0.0) for y in (beta, g))
         q, k, v, g, beta = (y.transpose(1, 2) for y in (q, k, v, g, beta))
         return q, k, v, g, beta, self.in_proj_z(x), window
+
+    def _depthwise(self, window: torch.Tensor, t: int) -> torch.Tensor:
+        """The causal depthwise conv over window [B, conv_dim, K-1+T] as K shifted products: no Conv op
+        (not on the QAIC allow-list), and each output is the same sum of K terms as the Conv kernel's."""
+        w = self.conv1d.weight[:, 0].to(window.dtype)  # [conv_dim, K]
+        out = window[:, :, 0:t] * w[:, 0:1]
+        for i in range(1, self.kernel):
+            out = out + window[:, :, i : i + t] * w[:, i : i + 1]
+        return out
 
     def _output(self, core: torch.Tensor, z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """core [B, Hv, T, dv] -> gated norm with z -> out_proj."""

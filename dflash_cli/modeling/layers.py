@@ -66,6 +66,7 @@ class Rotary(nn.Module):
         if rope_type == "default":
             base = params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
             dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+            dim = int(dim * params.get("partial_rotary_factor", 1.0))  # Qwen3.5 rotates a quarter of the head
             inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
             scaling = 1.0
         else:

@@ -46,13 +46,25 @@ def draft_config(artifact_dir: Path, **overrides):
     return cfg
 
 
-def build_target(artifact_dir: Path, emit_logits: bool = False, *, cfg=None, layer_ids=None, device="cpu", dtype=None):
-    from dflash_cli.modeling.target import StaticCacheTarget
+def build_target(
+    artifact_dir: Path, emit_logits: bool = False, *, cfg=None, layer_ids=None, device="cpu", dtype=None, shape=None
+):
+    """The export-ready target of the pair's family; `shape` (a PairShape: the export's call lengths) sizes
+    a hybrid family's linear-attention state (the longest call, the pending rows a static graph keeps)."""
+    from dflash_cli.modeling.families import family_for
 
     cfg = cfg or target_config(artifact_dir)
     ids = layer_ids if layer_ids is not None else load_pair_info(artifact_dir)["target_layer_ids"]
     with torch.device(device):
-        model = StaticCacheTarget(cfg, ids, emit_logits=emit_logits).eval()
+        if family_for(cfg.model_type).hybrid:
+            from dflash_cli.modeling.hybrid_target import HybridCacheTarget
+
+            calls = {} if shape is None else {"longest_call": max(shape.prefill, shape.block), "keep_rows": shape.block}
+            model = HybridCacheTarget(cfg, ids, emit_logits=emit_logits, **calls).eval()
+        else:
+            from dflash_cli.modeling.target import StaticCacheTarget
+
+            model = StaticCacheTarget(cfg, ids, emit_logits=emit_logits).eval()
     if dtype is not None:
         model = model.to(dtype)
     return model

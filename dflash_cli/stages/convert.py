@@ -25,6 +25,7 @@ from dflash_cli import checkpoints as ckpt
 from dflash_cli.errors import CheckpointError
 from dflash_cli.pair import PAIR_FILE, PairInfo, draft_weight_shapes, resolve_pair
 from dflash_cli.stages.base import StageContext
+from dflash_cli.text_path import text_config, text_weights
 from dflash_cli.weights import WeightStore, link_or_copy, write_index
 
 EMBED_KEY = "model.embed_tokens.weight"
@@ -37,7 +38,7 @@ TOKENIZER_MARKERS = ("tokenizer.json", "tokenizer.model", "vocab.json")
 
 class ConvertStage:
     name = "convert"
-    version = 2
+    version = 3  # 3: the text path of multimodal checkpoints (Qwen3.5)
     upstream: tuple[str, ...] = ()
     tools: tuple[str, ...] = ()  # reads headers and links files: only its own version matters
 
@@ -110,13 +111,14 @@ def describe(recipe: Any) -> Described:
     """The recipe's pair as convert resolves it: configs, tokenizer check and target header only."""
     target_dir = ckpt.resolve_checkpoint_dir(recipe.target.path, "target")
     draft_dir = ckpt.resolve_checkpoint_dir(recipe.draft.path, "draft")
-    target_cfg = ckpt.load_config(target_dir)
+    raw_target_cfg = ckpt.load_config(target_dir)
     draft_cfg = ckpt.load_config(draft_dir)
-    _check_roles(target_dir, target_cfg, draft_cfg)
-    _check_full_attention(target_dir, target_cfg, "target")
-    _check_full_attention(draft_dir, draft_cfg, "draft")
+    _check_roles(target_dir, raw_target_cfg, draft_cfg)
+    target_cfg = text_config(raw_target_cfg)
+    _check_layer_kinds(target_dir, target_cfg, "target")
+    _check_layer_kinds(draft_dir, draft_cfg, "draft")
     _check_tokenizer(target_dir)
-    target = WeightStore.open(target_dir)
+    target = text_weights(WeightStore.open(target_dir))
     if EMBED_KEY not in target:
         raise CheckpointError(
             f"target weights have no {EMBED_KEY}", hint="point target.path at a Hugging Face causal LM checkpoint"
@@ -165,22 +167,35 @@ def _check_roles(target_dir: Path, target_cfg: dict[str, Any], draft_cfg: dict[s
     )
 
 
-def _check_full_attention(path: Path, cfg: dict[str, Any], role: str) -> None:
-    """Our modules attend over the whole context: a sliding-window layer would be computed as a full
-    one, silently giving other tokens, so it is refused until it is supported."""
+def _check_layer_kinds(path: Path, cfg: dict[str, Any], role: str) -> None:
+    """Every layer must be of a kind our modules compute: full attention, and in a hybrid family's target
+    linear attention. A sliding-window layer would be computed as a full one, silently giving other
+    tokens, so it is refused until it is supported."""
     kinds = cfg.get("layer_types")  # what transformers 5 computes by, when the config has it
     if not isinstance(kinds, list):
         window = cfg.get("use_sliding_window") is True and cfg.get("sliding_window")
         start, layers = int(cfg.get("max_window_layers") or 0), int(cfg.get("num_hidden_layers") or 0)
         kinds = ["sliding_attention" if window and i >= start else "full_attention" for i in range(layers)]
-    sliding = [i for i, k in enumerate(kinds) if k != "full_attention"]
-    if sliding:
-        kind = kinds[sliding[0]]
+    allowed = {"full_attention"}
+    if role == "target" and _is_hybrid_family(cfg.get("model_type")):
+        allowed.add("linear_attention")
+    other = [i for i, k in enumerate(kinds) if k not in allowed]
+    if other:
+        kind = kinds[other[0]]
+        window = f" (window {cfg.get('sliding_window')})" if "sliding" in str(kind) else ""
+        supported = "full and linear attention is" if len(allowed) > 1 else "full attention is"
         raise CheckpointError(
-            f"{role} layer {sliding[0]} is {kind!r} (window {cfg.get('sliding_window')}) and "
-            f"{len(sliding)} layer(s) in all: only full attention is supported: {path / ckpt.CONFIG_FILE}",
-            hint="this checkpoint cannot be built yet; use a pair whose layers are all full_attention",
+            f"{role} layer {other[0]} is {kind!r}{window} and {len(other)} layer(s) in all: only "
+            f"{supported} supported: {path / ckpt.CONFIG_FILE}",
+            hint=f"this checkpoint cannot be built yet; use a pair whose {role} layers are all "
+            + " or ".join(sorted(allowed)),
         )
+
+
+def _is_hybrid_family(model_type: Any) -> bool:
+    from dflash_cli.modeling.families import FAMILIES
+
+    return any(model_type in (f.model_type, *f.model_types) and f.hybrid for f in FAMILIES.values())
 
 
 def _check_vocab_size(target_dir: Path, target_cfg: dict[str, Any], target: WeightStore) -> None:
