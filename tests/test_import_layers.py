@@ -21,6 +21,7 @@ LAYERS = {
     "versions": 0,
     "checkpoints": 0,
     "weights": 0,
+    "text_path": 0,  # a multimodal checkpoint's text path: config and weight names (convert)
     "recipe": 0,
     "cache": 0,
     "cache_locks": 0,

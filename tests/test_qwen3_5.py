@@ -1,0 +1,162 @@
+"""Qwen3.5 targets (hybrid linear attention) end to end: tiny random pairs in both checkpoint layouts, built
+by the real pipeline, against Hugging Face's own `generate`; the rolled-back states against HF's cache.
+
+Prompts run from 1 token to past several prefill chunks (8 tokens here) and blocks (4), so calls cross
+every boundary, and half of them repeat themselves so lookup and the hybrid propose long runs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tests.fixtures.tiny_pairs import make_pair
+
+NEW_TOKENS = 20
+MODES = ("plain", "dflash", "lookup", "hybrid")
+
+
+def _prompts(vocab: int, n: int = 32) -> list[list[int]]:
+    rng = np.random.default_rng(7)
+    prompts = []
+    for i in range(n):
+        length = 1 + (i * 13) % 45  # 1 .. 45: every residue of the chunk (8) and the block (4)
+        if i % 2:
+            motif = rng.integers(2, vocab, size=1 + i % 5).tolist()
+            prompts.append((motif * length)[:length])
+        else:
+            prompts.append(rng.integers(2, vocab, size=length).tolist())
+    return prompts
+
+
+@pytest.fixture(scope="module", params=["qwen3_5", "qwen3_5_text"])
+def built(request, tmp_path_factory):
+    """(engine, Hugging Face model) of a tiny Qwen3.5 pair, multimodal layout or text-only layout."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.engines import open_engine
+
+    root = tmp_path_factory.mktemp(request.param)
+    pair = make_pair(root / "pair", request.param)
+    engine = open_engine(pair, root / "build", export={"logits": True})  # logits: sampling needs them
+    hf = AutoModelForCausalLM.from_pretrained(str(pair.target_dir), dtype=torch.float32).eval()
+    yield engine, hf
+    engine.release_artifacts()
+
+
+@pytest.mark.slow
+def test_every_mode_equals_hf_generate(built) -> None:
+    engine, hf = built
+    assert type(hf).__name__ == "Qwen3_5ForCausalLM"
+    stops = set(engine.eos_token_ids)
+    for prompt in _prompts(hf.config.vocab_size):
+        with torch.no_grad():
+            out = hf.generate(
+                torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=0
+            )
+        want = out[0, len(prompt) :].tolist()
+        for mode in MODES:
+            got = engine.generate(prompt, mode=mode, max_new_tokens=NEW_TOKENS).tokens
+            assert got == want[: len(got)], f"{mode}, prompt of {len(prompt)} tokens"
+            assert len(got) == NEW_TOKENS or got[-1] in stops, f"{mode} stopped early"
+
+
+@pytest.mark.slow
+def test_sampling_same_seed_equals_plain(built) -> None:
+    engine, hf = built
+    for seed, prompt in enumerate(_prompts(hf.config.vocab_size, 8)):
+        runs = {
+            m: engine.generate(prompt, mode=m, max_new_tokens=16, temperature=0.8, top_p=0.95, seed=seed).tokens
+            for m in MODES
+        }
+        assert all(r == runs["plain"] for r in runs.values()), f"seed {seed}"
+
+
+@pytest.mark.slow
+def test_export_validated_a_rollback_call(built) -> None:
+    """The export stage ran a verify after a partly rejected one through ONNX Runtime and PyTorch."""
+    import json
+
+    engine, _ = built
+    report = json.loads((engine.export_dir / "validation.json").read_text())
+    calls = {c["call"] for c in report["checks"] if c["graph"] == "target"}
+    assert "verify(2 accepted)" in calls and report["mode"] == "full"
+    assert all(c["ok"] for c in report["checks"])
+
+
+# --- rolled-back states against Hugging Face's cache (PyTorch modules, fp32) ---------------------------------
+
+BLOCK, PROMPT = 8, 13
+
+
+@pytest.fixture(scope="module")
+def modules():
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    from dflash_cli.modeling.hybrid_target import HybridCacheTarget
+    from tests.fixtures.tiny_pairs import _qwen3_5_noise
+
+    text = dict(
+        vocab_size=200, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        intermediate_size=128, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+    )  # fmt: skip
+    cfg = Qwen3_5TextConfig(**text)
+    torch.manual_seed(0)
+    hf = Qwen3_5ForCausalLM(cfg).eval()
+    _qwen3_5_noise(hf, 0)
+    ours = HybridCacheTarget(cfg, [1, 3], emit_logits=True, longest_call=16, keep_rows=BLOCK).eval()
+    ours.load_state_dict(hf.state_dict(), strict=False)
+    return hf, ours
+
+
+def _hf_states(hf, ids: torch.Tensor) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=hf.config)
+    with torch.no_grad():
+        hf(ids, cache=cache, use_cache=True)
+    return {
+        i: (cache.layers[i].conv_states[0][..., 1:], cache.layers[i].recurrent_states[0])
+        for i, kind in enumerate(hf.config.layer_types)
+        if kind == "linear_attention"
+    }
+
+
+@pytest.mark.parametrize("accepted", range(BLOCK))
+@torch.no_grad()
+def test_states_after_a_partly_accepted_verify_equal_hf(modules, accepted: int) -> None:
+    """Prefill, a verify of BLOCK tokens of which the first `accepted` + 1 are committed (the loop always
+    commits the verify's first token), then the next call: the states it starts from are HF's after
+    exactly those tokens, and so are its logits."""
+    hf, ours = modules
+    gen = torch.Generator().manual_seed(accepted)
+    ids = torch.randint(0, 200, (1, PROMPT + BLOCK + 1), generator=gen)
+    past = ours.empty_cache(64)
+    out = ours(ids[:, :PROMPT], torch.arange(PROMPT)[None], *past)
+    past = list(out[3:])
+    out = ours(ids[:, PROMPT : PROMPT + BLOCK], torch.arange(PROMPT, PROMPT + BLOCK)[None], *past)
+    past = list(out[3:])
+    committed = PROMPT + accepted + 1
+    nxt = ours(ids[:, committed : committed + 1], torch.tensor([[committed]]), *past)
+    names = ours.io_names()[1][3:]
+    retained = dict(zip(names, nxt[3:]))
+    for layer, (conv, rec) in _hf_states(hf, ids[:, :committed]).items():
+        torch.testing.assert_close(retained[f"past_conv.{layer}_RetainedState"], conv, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(retained[f"past_recurrent.{layer}_RetainedState"], rec, rtol=1e-5, atol=1e-6)
+    want = hf(ids[:, : committed + 1]).logits[:, -1]
+    torch.testing.assert_close(nxt[1][:, 0], want, rtol=1e-4, atol=1e-5)
+
+
+@torch.no_grad()
+def test_first_call_ignores_whatever_the_state_buffers_held(modules) -> None:
+    """An accelerator's retained buffers start as anything: NaN state at position 0 changes nothing."""
+    _, ours = modules
+    ids = torch.randint(0, 200, (1, 8), generator=torch.Generator().manual_seed(1))
+    clean = ours(ids, torch.arange(8)[None], *ours.empty_cache(64))
+    dirty = [t.fill_(float("nan")) if t.is_floating_point() else t.fill_(3) for t in ours.empty_cache(64)]
+    got = ours(ids, torch.arange(8)[None], *dirty)
+    torch.testing.assert_close(got[1], clean[1])
+    assert torch.equal(got[0], clean[0])
