@@ -81,12 +81,62 @@ LLAMA31_8B = {
     "torch_dtype": "bfloat16",
 }
 
+QWEN35_SPECIAL = {"<|endoftext|>": 248044, "<|im_start|>": 248045, "<|im_end|>": 248046, "<|mask|>": 248070}
+
+
+def _qwen3_5(hidden: int, inter: int, tie: bool) -> dict:
+    """Qwen3.5 dense (9B / 4B model cards): 32 layers, every fourth gated full attention (16 heads, 4 KV heads
+    of 256, rotary on 64 dims), the rest Gated DeltaNet (16 key heads, 32 value heads, 128-wide, conv 4).
+    Published in the multimodal layout: the text config nested in text_config."""
+    text = {
+        "model_type": "qwen3_5_text",
+        "hidden_size": hidden,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "intermediate_size": inter,
+        "vocab_size": 248320,
+        "max_position_embeddings": 262144,
+        "rms_norm_eps": 1e-6,
+        "layer_types": ["full_attention" if i % 4 == 3 else "linear_attention" for i in range(32)],
+        "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 32,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10000000,
+            "partial_rotary_factor": 0.25,
+            "mrope_section": [11, 11, 10],
+            "mrope_interleaved": True,
+        },
+        "tie_word_embeddings": tie,
+        "attention_bias": False,
+        "hidden_act": "silu",
+        "bos_token_id": 248044,
+        "eos_token_id": 248046,
+        "torch_dtype": "bfloat16",
+    }
+    return {
+        "architectures": ["Qwen3_5ForConditionalGeneration"],
+        "model_type": "qwen3_5",
+        "text_config": text,
+        "vision_config": {"model_type": "qwen3_5_vision", "depth": 27, "hidden_size": 1152, "out_hidden_size": hidden},
+        "tie_word_embeddings": tie,
+        "torch_dtype": "bfloat16",
+    }
+
+
 # name -> (target config, special tokens, draft: layers, intermediate, block, mask id, target_layer_ids)
 PAIRS = {
     "qwen3-0.6b": (_qwen3(1024, 28, 16, 3072, True), QWEN3_SPECIAL, 5, 3072, 16, 151669, [1, 7, 13, 19, 25]),
     "qwen3-4b": (_qwen3(2560, 36, 32, 9728, True), QWEN3_SPECIAL, 5, 9728, 16, 151669, [1, 9, 17, 25, 33]),
     "qwen3-8b": (_qwen3(4096, 36, 32, 12288, False), QWEN3_SPECIAL, 5, 12288, 16, 151669, [1, 9, 17, 25, 33]),
     "llama3.1-8b": (LLAMA31_8B, LLAMA_SPECIAL, 5, 14336, 16, 128002, [1, 8, 15, 22, 29]),
+    "qwen3.5-9b": (_qwen3_5(4096, 12288, False), QWEN35_SPECIAL, 5, 12288, 16, 248070, [1, 8, 15, 22, 29]),
+    "qwen3.5-4b": (_qwen3_5(2560, 9216, True), QWEN35_SPECIAL, 5, 9216, 16, 248070, [1, 8, 15, 22, 29]),
 }
 
 
@@ -110,7 +160,55 @@ def layer_shapes(c: dict, prefix: str, qk_norm: bool) -> dict[str, tuple[int, ..
     return {prefix + k: v for k, v in shapes.items()}
 
 
+def linear_layer_shapes(c: dict, prefix: str) -> dict[str, tuple[int, ...]]:
+    """A Gated DeltaNet decoder layer's tensors (Qwen3.5)."""
+    H, inter = c["hidden_size"], c["intermediate_size"]
+    key = c["linear_num_key_heads"] * c["linear_key_head_dim"]
+    value, hv = c["linear_num_value_heads"] * c["linear_value_head_dim"], c["linear_num_value_heads"]
+    conv = 2 * key + value
+    shapes = {
+        "input_layernorm.weight": (H,),
+        "linear_attn.in_proj_qkv.weight": (conv, H),
+        "linear_attn.in_proj_z.weight": (value, H),
+        "linear_attn.in_proj_b.weight": (hv, H),
+        "linear_attn.in_proj_a.weight": (hv, H),
+        "linear_attn.conv1d.weight": (conv, 1, c["linear_conv_kernel_dim"]),
+        "linear_attn.dt_bias": (hv,),
+        "linear_attn.A_log": (hv,),
+        "linear_attn.norm.weight": (c["linear_value_head_dim"],),
+        "linear_attn.out_proj.weight": (H, value),
+        "post_attention_layernorm.weight": (H,),
+        "mlp.gate_proj.weight": (inter, H),
+        "mlp.up_proj.weight": (inter, H),
+        "mlp.down_proj.weight": (H, inter),
+    }
+    return {prefix + k: v for k, v in shapes.items()}
+
+
+def qwen3_5_shapes(top: dict) -> dict[str, tuple[int, ...]]:
+    """The multimodal layout: the language model under model.language_model.*, a stand-in of the vision
+    tower (a few of its tensors: convert must leave them alone) and the multi-token-prediction head's norm."""
+    c = top["text_config"]
+    H, V, p = c["hidden_size"], c["vocab_size"], "model.language_model."
+    shapes = {p + "embed_tokens.weight": (V, H)}
+    for i, kind in enumerate(c["layer_types"]):
+        if kind == "linear_attention":
+            shapes.update(linear_layer_shapes(c, f"{p}layers.{i}."))
+        else:
+            attn = layer_shapes(c, f"{p}layers.{i}.", True)
+            q = f"{p}layers.{i}.self_attn.q_proj.weight"
+            attn[q] = (2 * attn[q][0], H)  # the query and its output gate
+            shapes.update(attn)
+    shapes[p + "norm.weight"] = (H,)
+    if not c["tie_word_embeddings"]:
+        shapes["lm_head.weight"] = (V, H)
+    shapes |= {"model.visual.patch_embed.proj.weight": (1152, 3, 2, 16, 16), "mtp.norm.weight": (H,)}
+    return shapes
+
+
 def target_shapes(c: dict) -> dict[str, tuple[int, ...]]:
+    if "text_config" in c:
+        return qwen3_5_shapes(c)
     H, V = c["hidden_size"], c["vocab_size"]
     shapes = {"model.embed_tokens.weight": (V, H)}
     for i in range(c["num_hidden_layers"]):
@@ -152,7 +250,9 @@ def write_sharded(shapes: dict[str, tuple[int, ...]], out: Path, seed: int) -> i
         shard = {}
         for name in names:
             shape = shapes[name]
-            if len(shape) == 1:
+            if name.endswith(("A_log", "dt_bias")):  # trained values sit near these
+                shard[name] = torch.full(shape, 0.5 if name.endswith("A_log") else 1.0, dtype=torch.bfloat16)
+            elif len(shape) == 1:
                 shard[name] = torch.ones(shape, dtype=torch.bfloat16)
             else:
                 shard[name] = (torch.randn(shape, generator=gen) * 0.02).to(torch.bfloat16)
@@ -186,7 +286,8 @@ def write_tokenizer(out: Path, vocab_size: int, special: dict[str, int]) -> None
 
 
 def make_pair(name: str, root: Path, seed: int = 0) -> tuple[Path, Path]:
-    target_cfg, special, d_layers, d_inter, block, mask, ids = PAIRS[name]
+    top_cfg, special, d_layers, d_inter, block, mask, ids = PAIRS[name]
+    target_cfg = top_cfg.get("text_config", top_cfg)  # the draft copies the language model's shapes
     root = root / name
     target, draft = root / "target", root / "draft"
     if (root / "done").exists():
@@ -194,13 +295,13 @@ def make_pair(name: str, root: Path, seed: int = 0) -> tuple[Path, Path]:
     t0 = time.time()
     target.mkdir(parents=True, exist_ok=True)
     draft.mkdir(parents=True, exist_ok=True)
-    (target / "config.json").write_text(json.dumps(target_cfg, indent=2))
+    (target / "config.json").write_text(json.dumps(top_cfg, indent=2))
     eos = target_cfg["eos_token_id"]
     (target / "generation_config.json").write_text(
         json.dumps({"bos_token_id": target_cfg["bos_token_id"], "eos_token_id": eos})
     )
     write_tokenizer(target, target_cfg["vocab_size"], special)
-    tbytes = write_sharded(target_shapes(target_cfg), target, seed)
+    tbytes = write_sharded(target_shapes(top_cfg), target, seed)
     draft_cfg = {
         "architectures": ["DFlashDraftModel"],
         "model_type": "qwen3",
@@ -213,7 +314,7 @@ def make_pair(name: str, root: Path, seed: int = 0) -> tuple[Path, Path]:
         "vocab_size": target_cfg["vocab_size"],
         "max_position_embeddings": target_cfg["max_position_embeddings"],
         "rms_norm_eps": target_cfg["rms_norm_eps"],
-        "rope_theta": target_cfg["rope_theta"],
+        "rope_theta": target_cfg.get("rope_theta") or target_cfg["rope_parameters"]["rope_theta"],
         "attention_bias": False,
         "tie_word_embeddings": False,
         "block_size": block,

@@ -43,8 +43,12 @@ class ReducedPlan:
     def of(cls, src: Path, pair: dict) -> ReducedPlan:
         from dflash_cli.modeling.loading import draft_config, target_config
 
-        depth = target_config(src).num_hidden_layers
-        layers = min(depth, LAYERS)
+        cfg = target_config(src)
+        depth = cfg.num_hidden_layers
+        # A hybrid target's first layers may all be linear attention: keep its first full-attention layer too.
+        kinds = list(getattr(cfg, "layer_types", None) or [])
+        first_full = kinds.index("full_attention") if "full_attention" in kinds else 0
+        layers = min(depth, max(LAYERS, first_full + 1))
         # A tap of the last layer reads the final norm's output, any other a layer's own output: the
         # reduced model keeps that distinction (its last layer for the former, the ones before for the rest).
         return cls(
