@@ -59,10 +59,12 @@ class RollbackDeltaLayer(GatedDeltaLayer):
         g = torch.where(m, g, 0.0)
         k = torch.where(m[..., None], k, 0.0)
         u = torch.where(m[..., None], u, 0.0)
-        total = g.sum(-1)  # [B, Hv]
-        after = total[..., None] - g.cumsum(-1)  # per row: the gates of the folded rows after it
-        state = total.exp()[..., None, None] * state + (k * after.exp()[..., None]).transpose(-1, -2) @ u
-        count = take.to(torch.int64).sum(-1, keepdim=True)  # [B, 1]
+        # Sums as the last entry of a CumSum (ReduceSum is not on the QAIC allow-list; CumSum is).
+        cum = g.cumsum(-1)
+        total = cum[..., -1:]  # [B, Hv, 1]
+        after = total - cum  # per row: the gates of the folded rows after it (<= 0: exp stays within 1)
+        state = total.exp()[..., None] * state + (k * after.exp()[..., None]).transpose(-1, -2) @ u
+        count = take.to(torch.int64).cumsum(-1)[:, -1:]  # [B, 1]
         window = torch.cat([conv, qkv.transpose(1, 2).to(conv.dtype)], dim=-1)  # [B, conv_dim, K-1+R]
         idx = count + torch.arange(self.kernel - 1, device=conv.device)[None]  # [B, K-1]
         conv = window.gather(2, idx[:, None, :].expand(window.shape[0], window.shape[1], self.kernel - 1))
@@ -104,14 +106,15 @@ def row_plan(positions: torch.Tensor, row_positions: torch.Tensor, keep: int | N
     start = positions[:, :1]
     fresh = start == 0
     valid = positions >= 0
-    commit = (row_positions >= 0) & (row_positions < start) & ~fresh
+    # Pending rows before the call's start (a padding row, -1, counts as at the start: never folded). At a
+    # sequence's start (0) nothing is. One Where and one Less: And/Not are not on the QAIC allow-list.
+    commit = torch.where(row_positions < 0, start, row_positions) < start
     if keep is None:
         return valid, fresh, commit, None, None, positions
-    t = positions.shape[1]
-    real = valid.to(torch.int64).sum(-1, keepdim=True)
+    row = valid.to(torch.int64).cumsum(-1)  # 1, 2, .. over the real rows (padding comes after them)
+    real = row[:, -1:]
     first = torch.where(real > keep, real - keep, torch.zeros_like(real))  # rows before it are folded now
-    index = torch.arange(t, device=positions.device)[None]
-    fold = index < first
+    fold = (positions * 0 + 1).cumsum(-1) <= first  # row numbers from 1, without a Range of the call's length
     pick = first + torch.arange(keep, device=positions.device)[None]  # [B, keep]
     padded = torch.cat([positions, torch.full_like(positions[:, :1], -1).expand(-1, keep)], dim=1)
     return valid, fresh, commit, fold, pick, padded.gather(1, pick)

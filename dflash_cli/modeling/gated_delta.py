@@ -29,45 +29,48 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dflash_cli.modeling.layers import rms_normalize
+from dflash_cli.modeling.layers import MASKED_SCORE, rms_normalize
 
 # Squarings when the block length is symbolic at export (dynamic seq_len): exact for blocks of up to 64 tokens.
 _MAX_SQUARINGS = 6
 
 
 def squarings_for(longest_call: int) -> int:
-    """Squarings that make `_unit_lower_inverse` exact for calls of up to `longest_call` tokens."""
+    """Squarings that make `_unit_lower_inverse_minus_identity` exact for calls of up to `longest_call` tokens."""
     return max(1, (longest_call - 1).bit_length())
 
 
-def _unit_lower_inverse(a: torch.Tensor, squarings: int | None = None) -> torch.Tensor:
-    """(I + a)^-1 for strictly lower-triangular a [..., T, T], by the factored Neumann series: exact while
-    T <= 2^squarings (default: enough for T when it is known at trace time, else _MAX_SQUARINGS)."""
+def _unit_lower_inverse_minus_identity(a: torch.Tensor, squarings: int | None = None) -> torch.Tensor:
+    """(I + a)^-1 - I for strictly lower-triangular a [..., T, T], by the factored Neumann series: exact while
+    T <= 2^squarings (default: enough for T when it is known at trace time, else _MAX_SQUARINGS). Without the
+    identity term no eye(T) is built, whose size would depend on the call (Range: not shape-inferable)."""
     t = a.shape[-1]
     steps = squarings or ((t - 1).bit_length() if isinstance(t, int) else _MAX_SQUARINGS)
     power = -a
-    inv = torch.eye(t, dtype=a.dtype, device=a.device) + power  # I - a: covers powers below 2
+    rest = power  # (I - a) - I: covers powers below 2
     for _ in range(1, steps):
         power = power @ power
-        inv = inv + inv @ power  # inv (I + power): covers powers below 2^(i+1)
-    return inv
+        rest = rest + power + rest @ power  # (I + rest)(I + power) - I: covers powers below 2^(i+1)
+    return rest
 
 
 def _intra_block(k, v, g, beta, squarings: int | None = None):
     """The S_0-independent parts of a block, over any leading dims ([..., T, d]; g, beta [..., T]).
 
-    Returns (G, D, W, Y) with U = Y - W @ S_0 (the delta-rule corrections of the block)."""
-    t = k.shape[-2]
-    lower = torch.ones(t, t, dtype=torch.bool, device=k.device).tril()
+    Returns (G, D, W, Y) with U = Y - W @ S_0 (the delta-rule corrections of the block). The triangular masks
+    compare row numbers computed from g itself (a CumSum), so every shape follows from the inputs' shapes."""
+    row = (g * 0.0 + 1.0).cumsum(-1)
+    lower = row.unsqueeze(-1) >= row.unsqueeze(-2)
     cum = g.cumsum(-1)
-    log_decay = cum.unsqueeze(-1) - cum.unsqueeze(-2)  # [t, j]: log of the decay from j to t
-    decay = torch.where(lower, log_decay, torch.finfo(k.dtype).min).exp()
+    log_decay = cum.unsqueeze(-1) - cum.unsqueeze(-2)  # [t, j]: log of the decay from j to t, <= 0 where j <= t
+    decay = torch.where(lower, log_decay, MASKED_SCORE).exp()  # finite in fp16; exp of it is 0
     k_beta = k * beta.unsqueeze(-1)
-    strictly_lower = torch.ones(t, t, dtype=torch.bool, device=k.device).tril(-1)
-    inv = _unit_lower_inverse(torch.where(strictly_lower, (k_beta @ k.transpose(-1, -2)) * decay, 0.0), squarings)
-    w = inv @ (k_beta * cum.exp().unsqueeze(-1))
-    y = inv @ (v * beta.unsqueeze(-1))
-    return cum, decay, w, y
+    strictly_lower = row.unsqueeze(-1) > row.unsqueeze(-2)
+    rest = _unit_lower_inverse_minus_identity(
+        torch.where(strictly_lower, (k_beta @ k.transpose(-1, -2)) * decay, 0.0), squarings
+    )
+    w_in, y_in = k_beta * cum.exp().unsqueeze(-1), v * beta.unsqueeze(-1)
+    return cum, decay, w_in + rest @ w_in, y_in + rest @ y_in
 
 
 class _GatedRMSNorm(nn.Module):
@@ -122,7 +125,7 @@ class GatedDeltaLayer(nn.Module):
         bsz, t, _ = x.shape
         qkv = self.in_proj_qkv(x).transpose(1, 2)
         window = torch.cat([conv_state.to(qkv.dtype), qkv], dim=-1)  # [B, conv_dim, K-1+T]
-        mixed = F.silu(self._depthwise(window, t)).transpose(1, 2).float()
+        mixed = F.silu(self._depthwise(window)).transpose(1, 2).float()
         q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         rep = self.v_heads // self.k_heads
         # l2norm(x) = x * rsqrt(sum x^2 + eps) = rms_normalize(x, eps / d) / sqrt(d); q also gets 1/sqrt(dk).
@@ -140,13 +143,15 @@ class GatedDeltaLayer(nn.Module):
         q, k, v, g, beta = (y.transpose(1, 2) for y in (q, k, v, g, beta))
         return q, k, v, g, beta, self.in_proj_z(x), window
 
-    def _depthwise(self, window: torch.Tensor, t: int) -> torch.Tensor:
+    def _depthwise(self, window: torch.Tensor) -> torch.Tensor:
         """The causal depthwise conv over window [B, conv_dim, K-1+T] as K shifted products: no Conv op
         (not on the QAIC allow-list), and each output is the same sum of K terms as the Conv kernel's."""
         w = self.conv1d.weight[:, 0].to(window.dtype)  # [conv_dim, K]
-        out = window[:, :, 0:t] * w[:, 0:1]
-        for i in range(1, self.kernel):
-            out = out + window[:, :, i : i + t] * w[:, i : i + 1]
+        k = self.kernel
+        # Slices end relative to the window's end (constants), so every shape is inferable from the window's.
+        out = window[:, :, k - 1 :] * w[:, k - 1 : k]
+        for i in range(k - 1):
+            out = out + window[:, :, i : i - (k - 1)] * w[:, i : i + 1]
         return out
 
     def _output(self, core: torch.Tensor, z: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
