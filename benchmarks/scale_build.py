@@ -166,8 +166,8 @@ def main() -> None:
         report["compile_facts"] = json.loads(compile_manifest.read_text())["facts"]
     if args.run_tokens and all(r["rc"] == 0 for r in rows):
         runs = {}
-        for mode in ("plain", "dflash"):
-            flags = ["--no-draft"] if mode == "plain" else []
+        for mode in ("plain", "dflash", "hybrid"):
+            flags = ["--no-draft"] if mode == "plain" else ["--mode", mode]
             r = timed(
                 [DFLASH, "run", *common, "--prompt", "def fibonacci(n):", "--max-new-tokens", str(args.run_tokens),
                  "--json", *flags],
@@ -178,7 +178,8 @@ def main() -> None:
                 k: doc.get(k) for k in ("token_ids", "tau", "decode_tokens_per_s", "new_tokens")}}  # fmt: skip
             print(f"run {mode}: rc={r['rc']} peak RSS {r['peak_rss_bytes'] / 2**30:.2f} GiB "
                   f"tau {doc.get('tau')} tok/s {doc.get('decode_tokens_per_s')}", flush=True)  # fmt: skip
-        runs["identical_tokens"] = runs["plain"].get("token_ids") == runs["dflash"].get("token_ids") is not None
+        plain = runs["plain"].get("token_ids")
+        runs["identical_tokens"] = plain is not None and all(runs[m].get("token_ids") == plain for m in ("dflash", "hybrid"))
         report["run"] = runs
     if args.check and all(r["rc"] == 0 for r in rows):
         r = timed([DFLASH, "check", *common, "--json", "--fp16-prompts", "0"], work / "check.log")
