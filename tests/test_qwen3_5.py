@@ -32,39 +32,48 @@ def _prompts(vocab: int, n: int = 32) -> list[list[int]]:
 
 @pytest.fixture(scope="module", params=["qwen3_5", "qwen3_5_text"])
 def built(request, tmp_path_factory):
-    """(engine, Hugging Face model) of a tiny Qwen3.5 pair, multimodal layout or text-only layout."""
+    """(engines, Hugging Face model) of a tiny Qwen3.5 pair, multimodal layout or text-only layout: the
+    engine as built (ONNX Runtime's prefix-cache graphs) and one on the static graphs (what QAIC gets)."""
     from transformers import AutoModelForCausalLM
 
-    from tests.engines import open_engine
+    from dflash_cli.decoding.engine import Engine
+    from dflash_cli.recipe import load_recipe
+    from tests.engines import build_recipe
 
     root = tmp_path_factory.mktemp(request.param)
     pair = make_pair(root / "pair", request.param)
-    engine = open_engine(pair, root / "build", export={"logits": True})  # logits: sampling needs them
+    recipe, cache = build_recipe(pair, root / "build", export={"logits": True})  # logits: sampling needs them
+    prefix = Engine.load(recipe, cache)
+    assert type(prefix.target).__name__ != "OrtSession", "the build should run the prefix-cache target"
+    static = Engine.load(load_recipe(str(root / "build" / "recipe.yaml"), ["compile.ort.prefix_cache=false"]), cache)
+    assert type(static.target).__name__ == "OrtSession"
     hf = AutoModelForCausalLM.from_pretrained(str(pair.target_dir), dtype=torch.float32).eval()
-    yield engine, hf
-    engine.release_artifacts()
+    yield (prefix, static), hf
+    for engine in (prefix, static):
+        engine.release_artifacts()
 
 
 @pytest.mark.slow
 def test_every_mode_equals_hf_generate(built) -> None:
-    engine, hf = built
+    engines, hf = built
     assert type(hf).__name__ == "Qwen3_5ForCausalLM"
-    stops = set(engine.eos_token_ids)
+    stops = set(engines[0].eos_token_ids)
     for prompt in _prompts(hf.config.vocab_size):
         with torch.no_grad():
             out = hf.generate(
                 torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=0
             )
         want = out[0, len(prompt) :].tolist()
-        for mode in MODES:
-            got = engine.generate(prompt, mode=mode, max_new_tokens=NEW_TOKENS).tokens
-            assert got == want[: len(got)], f"{mode}, prompt of {len(prompt)} tokens"
-            assert len(got) == NEW_TOKENS or got[-1] in stops, f"{mode} stopped early"
+        for form, engine in zip(("prefix", "static"), engines):
+            for mode in MODES:
+                got = engine.generate(prompt, mode=mode, max_new_tokens=NEW_TOKENS).tokens
+                assert got == want[: len(got)], f"{form} {mode}, prompt of {len(prompt)} tokens"
+                assert len(got) == NEW_TOKENS or got[-1] in stops, f"{form} {mode} stopped early"
 
 
 @pytest.mark.slow
 def test_sampling_same_seed_equals_plain(built) -> None:
-    engine, hf = built
+    (engine, _), hf = built
     for seed, prompt in enumerate(_prompts(hf.config.vocab_size, 8)):
         runs = {
             m: engine.generate(prompt, mode=m, max_new_tokens=16, temperature=0.8, top_p=0.95, seed=seed).tokens
@@ -78,7 +87,7 @@ def test_export_validated_a_rollback_call(built) -> None:
     """The export stage ran a verify after a partly rejected one through ONNX Runtime and PyTorch."""
     import json
 
-    engine, _ = built
+    (engine, _), _ = built
     report = json.loads((engine.export_dir / "validation.json").read_text())
     calls = {c["call"] for c in report["checks"] if c["graph"] == "target"}
     assert "verify(2 accepted)" in calls and report["mode"] == "full"

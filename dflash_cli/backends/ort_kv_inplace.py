@@ -16,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dflash_cli.backends.base import is_cache_input
+from dflash_cli.backends.base import is_cache_input, is_kv_input
+from dflash_cli.backends.carried_state import CarriedState
 from dflash_cli.backends.ort import OrtSettings, cpu_session
 from dflash_cli.backends.single_row import first_row, pad_single_row
 from dflash_cli.errors import BackendError
@@ -48,14 +49,16 @@ class OrtInPlaceKvSession:
         self.provider, self._sess = cpu_session(onnx_path, name, "in-place-cache", settings, initializers)
         self.name, self.ctx_len = name, ctx_len
         inputs = self._sess.get_inputs()
-        self.cache_names = [i.name for i in inputs if is_cache_input(i.name)]
+        self.cache_names = [i.name for i in inputs if is_kv_input(i.name)]
         self.input_names = [i.name for i in inputs if not is_cache_input(i.name)]
+        self._carried = CarriedState(inputs)  # a hybrid target's linear-attention states
         present = {n: "present_" + n.removeprefix("past_") for n in self.cache_names}
         outputs = [o.name for o in self._sess.get_outputs()]
-        missing = [p for p in present.values() if p not in outputs]
+        missing = [p for p in [*present.values(), *self._carried.present.values()] if p not in outputs]
         if missing:
             raise BackendError(f"{name}: not an in-place-cache graph (no outputs {missing[:2]})")
-        self.output_names = [o for o in outputs if o not in present.values()]
+        carried_out = set(self._carried.present.values())
+        self.output_names = [o for o in outputs if o not in present.values() and o not in carried_out]
         dtype = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
         from dflash_cli.ortcompile.gqa import SPARE_SLOTS
 
@@ -77,6 +80,7 @@ class OrtInPlaceKvSession:
         callers that want the buffers in a known state."""
         for arr in self._arrays.values():
             arr.fill(fill)
+        self._carried.reset(fill)
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self.pad_single_rows:
@@ -104,9 +108,13 @@ class OrtInPlaceKvSession:
         b = self._binding
         for name, arr in feeds.items():
             b.bind_cpu_input(name, np.ascontiguousarray(arr))
-        for name in self.output_names:
+        self._carried.bind(b)
+        carried = list(self._carried.present.values())
+        for name in [*self.output_names, *carried]:
             b.bind_output(name, "cpu")
         self._sess.run_with_iobinding(b)
         values = b.get_outputs()
         first = len(self._arrays)  # cache outputs were bound first
-        return {name: values[first + k].numpy() for k, name in enumerate(self.output_names)}
+        out = {name: values[first + k].numpy() for k, name in enumerate([*self.output_names, *carried])}
+        self._carried.update(out)
+        return {name: out[name] for name in self.output_names}

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dflash_cli.backends.base import is_cache_input
+from dflash_cli.backends.base import is_cache_input, is_kv_input
+from dflash_cli.backends.carried_state import CarriedState
 from dflash_cli.backends.ort import OrtSettings, cpu_session
 from dflash_cli.backends.ort_kv_inplace import OrtInPlaceKvSession, is_in_place_graph
 from dflash_cli.backends.single_row import first_row, pad_single_row
@@ -57,19 +58,18 @@ class OrtPrefixSession:
         self.provider, self._sess = cpu_session(onnx_path, name, "prefix-cache", settings, initializers)
         self.name, self.ctx_len = name, ctx_len
         inputs = self._sess.get_inputs()
-        self.cache_names = [i.name for i in inputs if is_cache_input(i.name)]
+        self.cache_names = [i.name for i in inputs if is_kv_input(i.name)]
         self.input_names = [i.name for i in inputs if not is_cache_input(i.name)]
+        self._carried = CarriedState(inputs, PRESENT_PREFIX)  # a hybrid target's linear-attention states
         outputs = [o.name for o in self._sess.get_outputs()]
         self.output_names = [o for o in outputs if not o.startswith(PRESENT_PREFIX)]
         self._present = {n: PRESENT_PREFIX + n.removeprefix("past_") for n in self.cache_names}
-        missing = [p for p in self._present.values() if p not in outputs]
+        missing = [p for p in [*self._present.values(), *self._carried.present.values()] if p not in outputs]
         if missing:
             raise BackendError(f"{name}: not a prefix-cache graph (no outputs {missing[:2]})")
         dtype = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
         self._buffers = {
-            i.name: np.zeros((1, ctx_len, i.shape[2], i.shape[3]), dtype[i.type])
-            for i in inputs
-            if is_cache_input(i.name)
+            i.name: np.zeros((1, ctx_len, i.shape[2], i.shape[3]), dtype[i.type]) for i in inputs if is_kv_input(i.name)
         }
         self._positions_input = "context_position_ids" if "context_position_ids" in self.input_names else "position_ids"
         self._binding = self._sess.io_binding()
@@ -79,6 +79,7 @@ class OrtPrefixSession:
         for callers that want the buffers in a known state."""
         for buf in self._buffers.values():
             buf.fill(fill)
+        self._carried.reset(fill)
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self.pad_single_rows and self._positions_input == "position_ids":  # the target (see single_row.py)
@@ -103,11 +104,13 @@ class OrtPrefixSession:
         for n, buf in self._buffers.items():
             view = buf[:, :start]  # contiguous: the buffer is slot-major with batch 1
             b.bind_input(n, "cpu", 0, buf.dtype.type, list(view.shape), view.ctypes.data)
-        outs = list(self.output_names) + list(self._present.values())
+        self._carried.bind(b)
+        outs = list(self.output_names) + list(self._present.values()) + list(self._carried.present.values())
         for n in outs:
             b.bind_output(n, "cpu")
         self._sess.run_with_iobinding(b)
         values = dict(zip(outs, (v.numpy() for v in b.get_outputs())))
+        self._carried.update(values)
         real = positions[0] >= 0
         slots = positions[0][real]
         for n, buf in self._buffers.items():

@@ -30,7 +30,7 @@ import time
 
 from dflash_cli.decoding.prompt_lookup import PromptLookupDrafter
 from dflash_cli.decoding.proposer import Proposer
-from dflash_cli.ortcompile.checks import LOOKUP_BLOCKS  # how far a lookup step may verify
+from dflash_cli.exporting.options import LOOKUP_BLOCKS  # how far a lookup step may verify
 
 MAX_NGRAM = 8  # longest suffix match counted as evidence; longer says little more
 # Proposals come from the latest match of a suffix of at most this many tokens (prompt lookup's own

@@ -23,7 +23,7 @@ from dflash_cli.exporting import weight_sources
 from dflash_cli.exporting.external_data import Initializer, WrittenTensors
 from dflash_cli.exporting.options import ExportOptions, PairShape
 from dflash_cli.exporting.replicate import LayerPlan, ReplicationError, grow_layers
-from dflash_cli.exporting.torch_to_onnx import save_streamed, trace_template
+from dflash_cli.exporting.torch_to_onnx import PENDING_ROWS_INPUTS, save_streamed, trace_template
 from dflash_cli.weights import WeightStore
 
 
@@ -83,9 +83,7 @@ def plan_jobs(src: Path, shape: PairShape, options: ExportOptions, reduced=None)
                 rot.use_tables(cos.to(device), sin.to(device))
         # "_prefix": the same module traced in its prefix-cache form for ONNX Runtime (see
         # StaticCacheTarget.use_prefix_cache); `written` makes it point at the weights already written.
-        # A hybrid (linear-attention) target has its static form only, for now: ONNX Runtime runs it as it is.
-        prefix_form = options.prefix_graphs and not (gname == "target" and _is_hybrid(module))
-        for flavour in ("", "_prefix") if prefix_form else ("",):
+        for flavour in ("", "_prefix") if options.prefix_graphs else ("",):
             jobs.append(_Job(gname, flavour, module, stand_in, store, rename, sources, sym))
     return jobs
 
@@ -152,8 +150,10 @@ def _trace(job: _Job, shape: PairShape, options: ExportOptions):
     ins, outs = traced.io_names()
     prefix_cache = job.flavour == "_prefix"
     example = _example_inputs(job.gname, traced, shape, options.torch_dtype, prefix_cache=prefix_cache)
-    past = tuple(n for n in ins if n.startswith("past_")) if prefix_cache else ()
-    return trace_template(traced, example, ins, outs, job.sym, job.sources, options.opset, past)
+    # The prefix form's symbolic cache inputs: K/V's filled slots, and a hybrid target's pending rows.
+    past = tuple(n for n in ins if n.startswith(("past_key.", "past_value."))) if prefix_cache else ()
+    rows = tuple(n for n in ins if n.startswith(PENDING_ROWS_INPUTS)) if prefix_cache else ()
+    return trace_template(traced, example, ins, outs, job.sym, job.sources, options.opset, past, rows)
 
 
 def _one_layer_stand_in(gname, module, hf_config, src: Path, options: ExportOptions, rows):
@@ -276,7 +276,12 @@ def _example_inputs(gname: str, module, shape: PairShape, dtype: torch.dtype, pr
     B, P = shape.block, shape.prefill
     meta = torch.device("meta")
     if _is_hybrid(module):  # its cache inputs are of several kinds: the module knows their shapes
-        past = module.empty_cache(shape.ctx_len, dtype=dtype, device=meta)
+        # prefix form: filled slots and pending rows of example sizes unlike any other, so they stay symbolic
+        past = (
+            module.empty_cache(P + 3, dtype=dtype, device=meta, rows=B + 5)
+            if prefix_cache
+            else module.empty_cache(shape.ctx_len, dtype=dtype, device=meta)
+        )
     elif prefix_cache:  # [1, L, kvh, d] with an example L unlike any other size, so it stays symbolic
         past = [
             torch.empty((1, P + 3, p.shape[1], p.shape[3]), dtype=dtype, device=meta) for p in module.empty_cache(1)

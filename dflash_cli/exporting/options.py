@@ -8,12 +8,24 @@ from typing import Any, Literal
 Validation = Literal["off", "full", "reduced"]  # reduced: a few layers and vocabulary rows (validate.py)
 
 
+# Where the target takes calls of any length, a lookup step of the hybrid (decoding/hybrid.py) may verify past
+# the block, up to this many blocks: a copy (a loop, a quoted passage) runs on far past one block, and a verify
+# of 32 tokens costs 1.7x one of 8 on the demo pair (2.75 vs 1.59 ms). The draft always proposes one block.
+# Defined here, below decoding/, because the export sizes graphs by it and the build checks calls this long.
+LOOKUP_BLOCKS = 4
+
+
 @dataclass(frozen=True)
 class PairShape:
     block: int
     prefill: int
     ctx_len: int
     hidden: int
+
+    @property
+    def longest_call(self) -> int:
+        """The most tokens one target call may carry: a prefill chunk, or a lookup step's long verify."""
+        return max(self.prefill, LOOKUP_BLOCKS * self.block)
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,9 @@ from dflash_cli.exporting.external_data import Initializer, WrittenTensors, writ
 from dflash_cli.exporting.names import WRAPPER_PREFIX
 from dflash_cli.exporting.no_retrace import skip_retrace
 
+PENDING_ROWS = "pending_rows"
+PENDING_ROWS_INPUTS = ("past_delta.", "past_delta_positions")  # a hybrid target's inputs with that dim
+
 # Above this many parameter bytes the TorchScript graph keeps its weights in a side `.data` file (protobuf's 2 GB cap).
 EXTERNAL_DATA_BYTES = 1 << 30
 
@@ -32,17 +35,21 @@ def trace_template(
     sources: dict[str, Initializer],
     opset: int = 18,
     past_len_inputs: tuple[str, ...] = (),
+    pending_rows_inputs: tuple[str, ...] = (),
 ):
     """The traced, optimised graph of `module` (parameters on the meta device) whose weight initializers
     read `sources` lazily, and {graph initializer name: its source}. Reads no weight bytes. `sources`
     maps a parameter/buffer name of `module` to the producer of its bytes; `past_len_inputs` get a
-    second symbolic dim, `past_len`, on axis 1 (the prefix-cache graphs' filled slots)."""
+    second symbolic dim, `past_len`, on axis 1 (the prefix-cache graphs' filled slots); `pending_rows_inputs`
+    one of their own, `pending_rows` (a hybrid target's rows of the previous call, modeling/delta_rollback.py)."""
     import onnxscript.rewriter.onnx_fusions
 
     seq = torch.export.Dim("seq_len", min=1, max=8192)
     past_len = torch.export.Dim("past_len", min=1, max=1 << 20)
     dynamic = {_arg(n): ({symbolic_inputs[n]: seq} if n in symbolic_inputs else None) for n in input_names}
     dynamic |= {_arg(n): {1: past_len} for n in past_len_inputs}
+    pending = torch.export.Dim(PENDING_ROWS, min=1, max=1 << 20)
+    dynamic |= {_arg(n): {1: pending} for n in pending_rows_inputs}
     with warnings.catch_warnings(), torch.no_grad(), _one_op_registry(), skip_retrace():
         warnings.simplefilter("ignore")
         try:
@@ -236,7 +243,7 @@ class _ExplicitArgs(torch.nn.Module):
 
 def _name_seq_dims(path: Path) -> None:
     """Name the symbolic dims of graph inputs/outputs (dynamo names them s0...): axis 1 of a `past_*` input
-    is `past_len` (prefix-cache graphs), every other one `seq_len`."""
+    is `past_len` (prefix-cache graphs) or, for pending rows, `pending_rows`; every other one `seq_len`."""
     import onnx
 
     model = onnx.load(str(path), load_external_data=False)
@@ -244,7 +251,8 @@ def _name_seq_dims(path: Path) -> None:
     for vi in [*model.graph.input, *model.graph.output]:
         is_past = vi.name.startswith("past_") and vi in model.graph.input
         for axis, dim in enumerate(vi.type.tensor_type.shape.dim):
-            want = "past_len" if is_past and axis == 1 else "seq_len"
+            rows = vi.name.startswith(PENDING_ROWS_INPUTS)
+            want = (PENDING_ROWS if rows else "past_len") if is_past and axis == 1 else "seq_len"
             if dim.HasField("dim_param") and dim.dim_param != want:
                 dim.dim_param = want
                 changed = True

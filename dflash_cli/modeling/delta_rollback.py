@@ -109,8 +109,8 @@ def row_plan(positions: torch.Tensor, row_positions: torch.Tensor, keep: int | N
     # Pending rows before the call's start (a padding row, -1, counts as at the start: never folded). At a
     # sequence's start (0) nothing is. One Where and one Less: And/Not are not on the QAIC allow-list.
     commit = torch.where(row_positions < 0, start, row_positions) < start
-    if keep is None:
-        return valid, fresh, commit, None, None, positions
+    if keep is None:  # every row stays pending (as a computed value: a graph output may not be an input)
+        return valid, fresh, commit, None, None, torch.where(valid, positions, -1)
     row = valid.to(torch.int64).cumsum(-1)  # 1, 2, .. over the real rows (padding comes after them)
     real = row[:, -1:]
     first = torch.where(real > keep, real - keep, torch.zeros_like(real))  # rows before it are folded now

@@ -124,7 +124,9 @@ class GatedDeltaLayer(nn.Module):
         `valid` [B, T] (bool): rows that are padding get g = 0 and beta = 0, so they leave the state as it was."""
         bsz, t, _ = x.shape
         qkv = self.in_proj_qkv(x).transpose(1, 2)
-        window = torch.cat([conv_state.to(qkv.dtype), qkv], dim=-1)  # [B, conv_dim, K-1+T]
+        # (No cast when the dtypes agree: the exporter loses a graph output that reaches it through a no-op cast.)
+        conv_state = conv_state if conv_state.dtype == qkv.dtype else conv_state.to(qkv.dtype)
+        window = torch.cat([conv_state, qkv], dim=-1)  # [B, conv_dim, K-1+T]
         mixed = F.silu(self._depthwise(window)).transpose(1, 2).float()
         q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         rep = self.v_heads // self.k_heads

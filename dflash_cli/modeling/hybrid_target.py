@@ -221,11 +221,14 @@ class HybridCacheTarget(nn.Module):
         head = (tokens, logits, context) if self.emit_logits else (tokens, context)
         return (*head, *retained, kept_positions)
 
-    def empty_cache(self, ctx_len: int, batch: int = 1, dtype=torch.float32, device=None) -> list[torch.Tensor]:
+    def empty_cache(
+        self, ctx_len: int, batch: int = 1, dtype=torch.float32, device=None, rows: int | None = None
+    ) -> list[torch.Tensor]:
         """Zeros for every cache input: K/V in `dtype` (a prefix-cache caller passes ctx_len = the filled
-        slots), the linear layers' states and rows in float32, the rows' positions -1 (none pending)."""
+        slots), the linear layers' states and `rows` pending rows (default: what the static form keeps; one
+        in the prefix form) in float32, the rows' positions -1 (none pending)."""
         spec, out = self.spec, []
-        rows = self.keep_rows if self.keep_rows else 1
+        rows = rows or (1 if self.prefix_cache else self.keep_rows)
         kv = (
             (batch, ctx_len, spec.kv_heads, spec.head_dim)
             if self.prefix_cache

@@ -59,7 +59,7 @@ def build_target(
         if family_for(cfg.model_type).hybrid:
             from dflash_cli.modeling.hybrid_target import HybridCacheTarget
 
-            calls = {} if shape is None else {"longest_call": max(shape.prefill, shape.block), "keep_rows": shape.block}
+            calls = {} if shape is None else {"longest_call": shape.longest_call, "keep_rows": shape.block}
             model = HybridCacheTarget(cfg, ids, emit_logits=emit_logits, **calls).eval()
         else:
             from dflash_cli.modeling.target import StaticCacheTarget
