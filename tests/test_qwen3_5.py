@@ -169,3 +169,22 @@ def test_first_call_ignores_whatever_the_state_buffers_held(modules) -> None:
     got = ours(ids, torch.arange(8)[None], *dirty)
     torch.testing.assert_close(got[1], clean[1])
     assert torch.equal(got[0], clean[0])
+
+
+@pytest.mark.slow
+def test_qaic_bundle_lists_the_linear_states_as_retained_buffers(built, tmp_path) -> None:
+    import json
+
+    from dflash_cli.qaic.bundle import emit_bundle
+    from dflash_cli.qaic.command import QaicCompileOptions
+
+    (engine, _), _ = built
+    bundle = emit_bundle(engine.export_dir, tmp_path / "bundle", QaicCompileOptions(mxint8_kv_cache=True))
+    custom_io = (bundle / "target" / "custom_io.yaml").read_text()
+    for name in ("past_conv.0", "past_recurrent.0", "past_delta.0", "past_conv.0_RetainedState"):
+        assert f"- IOName: {name}\n  Precision: float16\n" in custom_io
+    assert "- IOName: past_key.3\n  Precision: mxint8\n" in custom_io
+    assert "past_delta_positions" not in custom_io  # int64: keeps its type on the device
+    specs = json.loads((bundle / "target" / "specializations.json").read_text())["specializations"]
+    assert sorted(int(s["symbols"]["seq_len"]) for s in specs) == [1, 4, 8]
+    assert "target_prefix.onnx" not in (bundle / "compile.sh").read_text()

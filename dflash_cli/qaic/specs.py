@@ -110,28 +110,39 @@ def specializations(
     return {"specializations": [{"name": name, "symbols": symbols} for name, symbols in entries]}
 
 
+# A hybrid target's retained state that is not a float tensor (the pending rows' positions, int64): it keeps
+# its own type on the device, so custom_io.yaml does not name it.
+INTEGER_STATES = ("past_delta_positions",)
+
+
 def kv_io_names(graph_info: Mapping[str, Any]) -> list[str]:
-    """Every cache input (past_*) then every retained-state output, in graph order."""
+    """Every cache input (past_*: K/V and a hybrid target's linear-attention states) then every
+    retained-state output, in graph order."""
     inputs = [n for n in graph_info["inputs"] if n.startswith("past_")]
     outputs = [n for n in graph_info["outputs"] if n.endswith("_RetainedState")]
     return inputs + outputs
 
 
 def custom_io_yaml(graph_info: Mapping[str, Any], kv_precision: KvPrecision) -> str:
-    """custom_io.yaml: the KV cache's device precision (fp32 is not allowed for it).
+    """custom_io.yaml: the retained buffers' device precision (fp32 is not allowed for the KV cache).
 
-    mxint8 has no compiler flag; declaring it here for every KV input and output is how an
-    int8 cache is requested.
+    mxint8 has no compiler flag; declaring it here for every KV input and output is how an int8 cache
+    is requested. A hybrid target's linear-attention states (conv, recurrent state, pending rows) are
+    retained buffers too, kept in float16 whatever the KV precision (mxint8 is a KV-cache format); their
+    integer positions are left out (see INTEGER_STATES).
     """
     if kv_precision not in ("float16", "mxint8"):
         raise ValueError(f"kv_precision must be float16 or mxint8, not {kv_precision!r}")
-    names = kv_io_names(graph_info)
+    names = [n for n in kv_io_names(graph_info) if not n.startswith(INTEGER_STATES)]
     if not names:
         raise BackendError(
             f"the {graph_info.get('onnx', 'ONNX')} graph lists no past_* inputs or *_RetainedState outputs",
             hint="re-export with the retained-state KV convention",
         )
-    return "".join(f"- IOName: {name}\n  Precision: {kv_precision}\n\n" for name in names)
+    kv = ("past_key.", "past_value.")
+    return "".join(
+        f"- IOName: {name}\n  Precision: {kv_precision if name.startswith(kv) else 'float16'}\n\n" for name in names
+    )
 
 
 def partition_config(num_devices: int, num_cores: int) -> dict[str, Any]:
