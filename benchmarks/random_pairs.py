@@ -84,14 +84,14 @@ LLAMA31_8B = {
 QWEN35_SPECIAL = {"<|endoftext|>": 248044, "<|im_start|>": 248045, "<|im_end|>": 248046, "<|mask|>": 248070}
 
 
-def _qwen3_5(hidden: int, inter: int, tie: bool) -> dict:
+def _qwen3_5(hidden: int, inter: int, tie: bool, layers: int = 32) -> dict:
     """Qwen3.5 dense (9B / 4B model cards): 32 layers, every fourth gated full attention (16 heads, 4 KV heads
     of 256, rotary on 64 dims), the rest Gated DeltaNet (16 key heads, 32 value heads, 128-wide, conv 4).
     Published in the multimodal layout: the text config nested in text_config."""
     text = {
         "model_type": "qwen3_5_text",
         "hidden_size": hidden,
-        "num_hidden_layers": 32,
+        "num_hidden_layers": layers,
         "num_attention_heads": 16,
         "num_key_value_heads": 4,
         "head_dim": 256,
@@ -99,7 +99,7 @@ def _qwen3_5(hidden: int, inter: int, tie: bool) -> dict:
         "vocab_size": 248320,
         "max_position_embeddings": 262144,
         "rms_norm_eps": 1e-6,
-        "layer_types": ["full_attention" if i % 4 == 3 else "linear_attention" for i in range(32)],
+        "layer_types": ["full_attention" if i % 4 == 3 else "linear_attention" for i in range(layers)],
         "linear_conv_kernel_dim": 4,
         "linear_key_head_dim": 128,
         "linear_value_head_dim": 128,
@@ -137,6 +137,8 @@ PAIRS = {
     "llama3.1-8b": (LLAMA31_8B, LLAMA_SPECIAL, 5, 14336, 16, 128002, [1, 8, 15, 22, 29]),
     "qwen3.5-9b": (_qwen3_5(4096, 12288, False), QWEN35_SPECIAL, 5, 12288, 16, 248070, [1, 8, 15, 22, 29]),
     "qwen3.5-4b": (_qwen3_5(2560, 9216, True), QWEN35_SPECIAL, 5, 9216, 16, 248070, [1, 8, 15, 22, 29]),
+    # Qwen3.5-9B's layers, 8 of them (6 Gated DeltaNet, 2 full attention): peers side by side in this memory
+    "qwen3.5-9b-8l": (_qwen3_5(4096, 12288, False, 8), QWEN35_SPECIAL, 5, 12288, 16, 248070, [1, 2, 3, 4, 5]),
 }
 
 

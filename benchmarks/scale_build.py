@@ -179,7 +179,9 @@ def main() -> None:
             print(f"run {mode}: rc={r['rc']} peak RSS {r['peak_rss_bytes'] / 2**30:.2f} GiB "
                   f"tau {doc.get('tau')} tok/s {doc.get('decode_tokens_per_s')}", flush=True)  # fmt: skip
         plain = runs["plain"].get("token_ids")
-        runs["identical_tokens"] = plain is not None and all(runs[m].get("token_ids") == plain for m in ("dflash", "hybrid"))
+        runs["identical_tokens"] = plain is not None and all(
+            runs[m].get("token_ids") == plain for m in ("dflash", "hybrid")
+        )
         report["run"] = runs
     if args.check and all(r["rc"] == 0 for r in rows):
         r = timed([DFLASH, "check", *common, "--json", "--fp16-prompts", "0"], work / "check.log")
