@@ -28,6 +28,7 @@ def test_quantised_build_runs_and_benches_losslessly(precision: str, tmp_path: P
     _dflash("build", *common)
     facts = json.loads(next((tmp_path / "cache" / "artifacts" / "compile").glob("*/compile.json")).read_text())
     assert facts["precision"] == precision
+    assert facts["accuracy_level"] == 0  # fp32 compute: int8 activations would amplify the delta rule's rounding
     assert set(facts["causal_invariance_max_diff"].values()) == {0.0}
     assert facts["prefix_call_length_max_diff"]["tokens"] == 0.0
 
@@ -44,3 +45,17 @@ def test_quantised_build_runs_and_benches_losslessly(precision: str, tmp_path: P
     out = _dflash("bench", *common, "--dataset", str(prompts), "--max-new-tokens", "16", "--json")
     doc = json.loads(out.stdout)
     assert doc["lossless"]["checked"] and doc["lossless"]["mismatches"] == []
+
+
+def test_accuracy_level_defaults_by_family() -> None:
+    from types import SimpleNamespace
+
+    from dflash_cli.stages.compile import accuracy_level
+
+    def recipe(family: str, level):
+        return SimpleNamespace(family=family, compile=SimpleNamespace(ort=SimpleNamespace(accuracy_level=level)))
+
+    assert accuracy_level(recipe("qwen3", None)) == 4
+    assert accuracy_level(recipe("llama", None)) == 4
+    assert accuracy_level(recipe("qwen3_5", None)) == 0
+    assert accuracy_level(recipe("qwen3_5", 4)) == 4  # asked for: the build warns

@@ -41,7 +41,7 @@ class CompileStage:
             fields["fuse_attention"] = c.ort.fuse_attention
         if c.ort.precision != "fp32":
             fields["block_size"] = c.ort.block_size
-            fields["accuracy_level"] = c.ort.accuracy_level
+            fields["accuracy_level"] = accuracy_level(recipe)
         return fields
 
     def run(self, ctx: StageContext) -> dict[str, Any]:
@@ -53,6 +53,23 @@ class CompileStage:
             shutil.copy2(src / "export.json", ctx.out_dir / "export.json")
             return facts
         return _compile_ort(ctx)
+
+
+def _is_hybrid_family(family: str) -> bool:
+    from dflash_cli.modeling.families import FAMILIES
+
+    return bool(FAMILIES.get(family) and FAMILIES[family].hybrid)
+
+
+def accuracy_level(recipe: Any) -> int:
+    """compile.ort.accuracy_level, or its default for the recipe's family: 4 (int8 compute), but 0 (fp32)
+    for a hybrid linear-attention target. Its delta rule rounds in the last bits differently in calls of
+    other lengths, and activations quantised to int8 turn that into other tokens: on the Qwen3.5-9B shape
+    at level 4, greedy DFlash left greedy plain decoding at the second token."""
+    level = recipe.compile.ort.accuracy_level
+    if level is not None:
+        return level
+    return 0 if _is_hybrid_family(recipe.family) else 4
 
 
 def _check_call_length(sess, info: dict, vocab_size: int, facts: dict, progress) -> None:
@@ -165,7 +182,13 @@ def _compile_ort(ctx: StageContext) -> dict[str, Any]:
     if precision != "fp32":
         bits = 8 if precision == "int8" else 4
         facts["block_size"] = ort_cfg.block_size
-        facts["accuracy_level"] = ort_cfg.accuracy_level
+        level = facts["accuracy_level"] = accuracy_level(ctx.recipe)
+        if level and _is_hybrid_family(ctx.recipe.family):
+            ctx.progress(
+                "warning: compile.ort.accuracy_level=4 quantises activations to int8, which turns the delta rule's "
+                "last-bit rounding (it differs between call lengths) into other tokens: greedy DFlash may leave "
+                "greedy plain decoding; leave accuracy_level unset (0 for this family) to keep it lossless"
+            )
         done: dict = {}  # quantised once, referenced by both graphs (the draft's lm_head is the target's)
         for gname, g in info["graphs"].items():
             ctx.progress(f"quantising {gname} MatMul weights to int{bits} (weight-only, block {ort_cfg.block_size})")
@@ -175,7 +198,7 @@ def _compile_ort(ctx: StageContext) -> dict[str, Any]:
                 out / g["onnx"],
                 bits=bits,
                 block_size=ort_cfg.block_size,
-                accuracy_level=ort_cfg.accuracy_level,
+                accuracy_level=level,
                 progress=ctx.progress,
                 done=done,
                 fuse_siblings=ort_cfg.fuse,  # q/k/v and gate/up stacked into one MatMulNBits each
