@@ -62,9 +62,10 @@ def dflash_engine(pair: Path, work: Path, precision: str, spinning: bool, block:
     return Engine.load(r, cache)
 
 
-def llama_model(pair: Path, work: Path, src: Path, quant: str) -> Path:
-    """GGUF of the target: converted at f32 once, then quantised with llama.cpp's own quantiser."""
-    f32 = work / "llama-f32.gguf"
+def llama_model(pair: Path, work: Path, src: Path, quant: str, outtype: str = "f32") -> Path:
+    """GGUF of the target: converted at `outtype` (f32; bf16 halves the disk a large shape needs) once, then
+    quantised with llama.cpp's own quantiser."""
+    f32 = work / f"llama-{outtype}.gguf"
     if not f32.is_file():
         # A random pair's tokenizer is not one convert_hf_to_gguf knows by hash; its pre-tokenizer is
         # Qwen2's (byte-level BPE), and the benchmark feeds token ids anyway, so the text side only
@@ -87,9 +88,9 @@ def llama_model(pair: Path, work: Path, src: Path, quant: str) -> Path:
             "sys.argv = [sys.argv[1] + '/convert_hf_to_gguf.py'] + sys.argv[2:]\n"
             "runpy.run_path(sys.argv[0], run_name='__main__')\n"
         )
-        cmd = [sys.executable, "-c", shim, str(src), str(pair / "target"), "--outtype", "f32", "--outfile", str(f32)]
+        cmd = [sys.executable, "-c", shim, str(src), str(pair / "target"), "--outtype", outtype, "--outfile", str(f32)]
         subprocess.run(cmd, check=True)
-    if quant == "f32":
+    if quant == outtype:
         return f32
     out = work / f"llama-{quant}.gguf"
     if not out.is_file():
@@ -149,6 +150,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--llama-cpp", type=Path, help="llama.cpp source tree (its converter); adds llama.cpp")
     ap.add_argument("--llama-quants", default="f32,q8_0,q4_0")
+    ap.add_argument("--llama-outtype", default="f32", help="GGUF the converter writes first (f32, bf16)")
     ap.add_argument("--threads", type=int, default=2, help="llama.cpp threads (ORT uses its own default)")
     ap.add_argument("--dflash-blocks", default="32", help="int8/int4 block sizes, one dflash build each")
     ap.add_argument("--dflash-spinning", default="off,on", help="dflash plain rows: spinning off, on or both")
@@ -175,7 +177,7 @@ def main() -> None:
         import llama_cpp
 
         for quant in args.llama_quants.split(","):
-            path = llama_model(args.pair, args.work, args.llama_cpp, quant)
+            path = llama_model(args.pair, args.work, args.llama_cpp, quant, args.llama_outtype)
             llm = llama_cpp.Llama(
                 str(path), n_ctx=1024, n_threads=args.threads, n_threads_batch=args.threads, verbose=False
             )

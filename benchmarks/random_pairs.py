@@ -137,7 +137,9 @@ PAIRS = {
     "llama3.1-8b": (LLAMA31_8B, LLAMA_SPECIAL, 5, 14336, 16, 128002, [1, 8, 15, 22, 29]),
     "qwen3.5-9b": (_qwen3_5(4096, 12288, False), QWEN35_SPECIAL, 5, 12288, 16, 248070, [1, 8, 15, 22, 29]),
     "qwen3.5-4b": (_qwen3_5(2560, 9216, True), QWEN35_SPECIAL, 5, 9216, 16, 248070, [1, 8, 15, 22, 29]),
-    # Qwen3.5-9B's layers, 8 of them (6 Gated DeltaNet, 2 full attention): peers side by side in this memory
+    # 8 layers of Qwen3.5-9B (6 Gated DeltaNet, 2 full attention) and of Qwen3-8B: per-call costs and peers
+    # side by side in this machine's memory and disk
+    "qwen3-8b-8l": (_qwen3(4096, 8, 32, 12288, False), QWEN3_SPECIAL, 5, 12288, 16, 151669, [1, 2, 3, 4, 5]),
     "qwen3.5-9b-8l": (_qwen3_5(4096, 12288, False, 8), QWEN35_SPECIAL, 5, 12288, 16, 248070, [1, 2, 3, 4, 5]),
 }
 

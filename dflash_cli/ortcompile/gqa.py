@@ -108,6 +108,10 @@ def rewrite_attention(model, base_dir: Path) -> GqaResult:
                     q_width[layer] = width
     layers = sorted(i for i in projections if f"present_key.{i}" in outputs and f"present_value.{i}" in outputs)
     plain_inputs = {n for n in inputs if not n.startswith(("past_key.", "past_value."))}
+    if any(n.startswith("past_delta") for n in plain_inputs):
+        # Its gated, partially rotated attention is not the pattern matched here; its exported form is kept.
+        result.skipped.append("a hybrid linear-attention target (gated attention with partial RoPE)")
+        return result
     # A draft (context_features, ...) attends over its block in both directions: not causal, left alone.
     if not layers or plain_inputs != {"input_ids", "position_ids"}:
         found = f"inputs {sorted(plain_inputs)}, {len(layers)} present_key.N"
