@@ -24,8 +24,8 @@ class CompileStage:
     name = "compile"
     # 5: stacked q/k/v, gate/up; 6: prefix-cache graphs share stacks; 7: call-length check; 8: GQA pads one-row calls;
     # 9: the call-length check covers the hybrid's verifies past the block; 10: SiLU as QuickGelu, q/k/v
-    # padded once before their stacked Split
-    version = 10
+    # padded once before their stacked Split; 11: a hybrid target's call-length check asks equal tokens only
+    version = 11
     upstream = ("export",)
     tools: tuple[str, ...] = ("onnx", "onnxruntime")  # the QAIC SDK version is in key_fields
 
@@ -74,15 +74,15 @@ def accuracy_level(recipe: Any) -> int:
 
 def _check_call_length(sess, info: dict, vocab_size: int, facts: dict, progress) -> None:
     """One-token calls as they are, else as two rows (backends/single_row.py), else the static graphs."""
-    from dflash_cli.ortcompile.checks import LINEAR_ATTENTION_CALL_LENGTH_TOL, call_length_invariance
+    from dflash_cli.ortcompile.checks import call_length_invariance
 
     # A hybrid target's delta rule runs in block form: a position's features round differently in calls of
-    # other lengths (~1e-7), in the static graphs as much as here, so only that bound is asked of them.
+    # other lengths (1e-6 on the tiny pairs, 1e-4 on the Qwen3.5-9B shape), in the static graphs as much as
+    # here, so only its tokens must agree (the features feed the draft, not the output).
     hybrid = any(n.startswith("past_delta") for n in info["graphs"]["target"]["inputs"])
-    bound = LINEAR_ATTENTION_CALL_LENGTH_TOL if hybrid else 0.0
 
     def moved_too_far(diffs: dict) -> bool:
-        return any(v > (bound if k != "tokens" else 0.0) for k, v in diffs.items())
+        return any(v > 0.0 for k, v in diffs.items() if k == "tokens" or not hybrid)
 
     sess.pad_single_rows = False
     moved, rows = call_length_invariance(sess, info, vocab_size), "one row"
@@ -90,8 +90,6 @@ def _check_call_length(sess, info: dict, vocab_size: int, facts: dict, progress)
         sess.pad_single_rows = True
         moved, rows = call_length_invariance(sess, info, vocab_size), "two rows"
     facts["prefix_call_length_max_diff"] = moved
-    if hybrid:
-        facts["prefix_call_length_bound"] = bound
     if not moved_too_far(moved):
         facts["prefix_one_token_calls"] = rows
     else:  # the engine then runs the static graphs (fixed call shapes)
