@@ -62,10 +62,12 @@ def dflash_engine(pair: Path, work: Path, precision: str, spinning: bool, block:
     return Engine.load(r, cache)
 
 
-def llama_model(pair: Path, work: Path, src: Path, quant: str, outtype: str = "f32") -> Path:
+def llama_model(pair: Path, work: Path, src: Path, quant: str, outtype: str = "f32", extra: tuple = ()) -> Path:
     """GGUF of the target: converted at `outtype` (f32; bf16 halves the disk a large shape needs) once, then
     quantised with llama.cpp's own quantiser."""
     f32 = work / f"llama-{outtype}.gguf"
+    if quant != outtype and (work / f"llama-{quant}.gguf").is_file():
+        return work / f"llama-{quant}.gguf"  # quantised earlier (the converted file may be gone)
     if not f32.is_file():
         # A random pair's tokenizer is not one convert_hf_to_gguf knows by hash; its pre-tokenizer is
         # Qwen2's (byte-level BPE), and the benchmark feeds token ids anyway, so the text side only
@@ -89,6 +91,7 @@ def llama_model(pair: Path, work: Path, src: Path, quant: str, outtype: str = "f
             "runpy.run_path(sys.argv[0], run_name='__main__')\n"
         )
         cmd = [sys.executable, "-c", shim, str(src), str(pair / "target"), "--outtype", outtype, "--outfile", str(f32)]
+        cmd += list(extra)  # e.g. --no-mtp: a random Qwen3.5 pair has no multi-token-prediction layers
         subprocess.run(cmd, check=True)
     if quant == outtype:
         return f32
@@ -151,6 +154,10 @@ def main() -> None:
     ap.add_argument("--llama-cpp", type=Path, help="llama.cpp source tree (its converter); adds llama.cpp")
     ap.add_argument("--llama-quants", default="f32,q8_0,q4_0")
     ap.add_argument("--llama-outtype", default="f32", help="GGUF the converter writes first (f32, bf16)")
+    ap.add_argument("--llama-convert-args", default="", help="more converter flags, e.g. --no-mtp")
+    ap.add_argument(
+        "--no-genai", action="store_true", help="leave GenAI out (its builder needs ~6x the weights in RAM)"
+    )
     ap.add_argument("--threads", type=int, default=2, help="llama.cpp threads (ORT uses its own default)")
     ap.add_argument("--dflash-blocks", default="32", help="int8/int4 block sizes, one dflash build each")
     ap.add_argument("--dflash-spinning", default="off,on", help="dflash plain rows: spinning off, on or both")
@@ -167,7 +174,8 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     engines: dict[str, tuple[str, object]] = {}
     for precision in args.precisions.split(","):
-        engines[f"genai {precision}"] = ("genai", og.Model(str(genai_model(args.pair, args.work, precision))))
+        if not args.no_genai:
+            engines[f"genai {precision}"] = ("genai", og.Model(str(genai_model(args.pair, args.work, precision))))
         for block in args.dflash_blocks.split(",") if precision != "fp32" else ["-"]:
             for spin in args.dflash_spinning.split(","):
                 e = dflash_engine(args.pair, args.work, precision, spin == "on", int(block) if block != "-" else 0)
@@ -177,7 +185,8 @@ def main() -> None:
         import llama_cpp
 
         for quant in args.llama_quants.split(","):
-            path = llama_model(args.pair, args.work, args.llama_cpp, quant, args.llama_outtype)
+            extra = tuple(args.llama_convert_args.split())
+            path = llama_model(args.pair, args.work, args.llama_cpp, quant, args.llama_outtype, extra)
             llm = llama_cpp.Llama(
                 str(path), n_ctx=1024, n_threads=args.threads, n_threads_batch=args.threads, verbose=False
             )
