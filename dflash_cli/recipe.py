@@ -70,9 +70,8 @@ class OrtConfig(_Section):
     # independent of the other tokens in the call and greedy speculative decoding stays lossless.
     precision: Literal["fp32", "int8", "int4"] = "fp32"
     block_size: Literal[16, 32, 64, 128, 256] = 32  # quantisation block along K for int8 / int4
-    # MatMulNBits' compute for int8 / int4: 4 = int8 dot products on activations quantised per row and
-    # block (each token on its own: positions stay independent), 0 = dequantise and compute in fp32.
-    # None: 4, or 0 for a hybrid linear-attention target (stages/compile.py accuracy_level).
+    # MatMulNBits' compute for int8 / int4: 4 = int8 dot products on activations quantised per row and block
+    # (positions stay independent), 0 = fp32; None: 4, or 0 for a hybrid target (stages/compile.accuracy_level).
     accuracy_level: Literal[0, 4] | None = None
     intra_op_threads: int = Field(default=0, ge=0)  # 0 = ONNX Runtime's default
     graph_optimization: Literal["disable", "basic", "extended", "all"] = "all"
