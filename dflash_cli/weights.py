@@ -3,6 +3,8 @@
 A weight directory is read through, in order of preference:
 * `weights.json` (written by our stages): name -> {"file", "key"}; several names may point at one
   stored tensor (a tied lm_head, the draft's embedding that is the target's), so nothing is copied;
+  `stacks` name tensors assembled from stored ones as they are read (a MoE layer's experts, one
+  tensor per expert in the checkpoint, read as one [experts, rows, cols] tensor);
 * `model.safetensors.index.json` (a sharded Hugging Face checkpoint);
 * `model.safetensors`.
 
@@ -49,12 +51,22 @@ class TensorRef:
 _DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
 
 
+@dataclass(frozen=True)
+class Stack:
+    """A tensor [len(parts) / interleave, interleave * rows, cols] made of stored [rows, cols] tensors:
+    each group of `interleave` consecutive parts becomes one slab whose rows alternate between them."""
+
+    parts: tuple[str, ...]
+    interleave: int = 1
+
+
 class WeightStore:
     """Name -> tensor, read lazily from safetensors files in one directory."""
 
-    def __init__(self, root: Path, refs: dict[str, TensorRef]) -> None:
+    def __init__(self, root: Path, refs: dict[str, TensorRef], stacks: dict[str, Stack] | None = None) -> None:
         self.root = Path(root)
         self.refs = refs
+        self.stacks = stacks or {}
         self._handles: dict[str, Any] = {}
 
     @classmethod
@@ -76,7 +88,13 @@ class WeightStore:
                         hint="rebuild this stage: `--rebuild convert`",
                     )
                 refs[name] = TensorRef(e["file"], e["key"], meta["dtype"], tuple(meta["shape"]))
-            return cls(root, refs)
+            stacks = {n: Stack(tuple(v["parts"]), int(v["interleave"])) for n, v in data.get("stacks", {}).items()}
+            missing = sorted(p for st in stacks.values() for p in st.parts if p not in refs)
+            if missing:
+                raise CheckpointError(
+                    f"{index} stacks tensors it does not list: {missing[:3]}", hint="rebuild this stage: `--rebuild convert`"
+                )
+            return cls(root, refs, stacks)
         refs = {}
         for path in ckpt.weight_files(root):
             for key, meta in _header(path).items():
@@ -84,13 +102,17 @@ class WeightStore:
         return cls(root, refs)
 
     def names(self) -> list[str]:
-        return list(self.refs)
+        return [*self.refs, *self.stacks]
 
     def __contains__(self, name: str) -> bool:
-        return name in self.refs
+        return name in self.refs or name in self.stacks
 
     def shape(self, name: str) -> tuple[int, ...]:
-        return self.refs[name].shape
+        st = self.stacks.get(name)
+        if st is None:
+            return self.refs[name].shape
+        rows, *rest = self.refs[st.parts[0]].shape
+        return (len(st.parts) // st.interleave, rows * st.interleave, *rest)
 
     def files(self) -> list[str]:
         return sorted({r.file for r in self.refs.values()})
@@ -98,6 +120,11 @@ class WeightStore:
     def get(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
         """One tensor, a fresh CPU copy (converted to `dtype` when given)."""
         from safetensors import SafetensorError
+
+        if name in self.stacks:
+            import torch
+
+            return torch.cat(list(self.iter_rows(name, dtype)))
 
         ref = self.refs[name]
         try:
@@ -119,6 +146,12 @@ class WeightStore:
         """
         from safetensors import SafetensorError
 
+        if name in self.stacks:  # one slab (expert) at a time
+            st = self.stacks[name]
+            slabs = len(st.parts) // st.interleave
+            for i in range(slabs if rows is None else min(rows, slabs)):
+                yield self._slab(st, i, dtype)
+            return
         ref = self.refs[name]
         total = ref.shape[0] if ref.shape else 1
         total = min(total, rows) if rows is not None else total
@@ -133,6 +166,13 @@ class WeightStore:
                 yield sl[start : min(total, start + step)].to(dtype)
         except SafetensorError as exc:
             raise CheckpointError(f"corrupt safetensors file {self.root / ref.file}: {exc}", hint=_HINT) from None
+
+    def _slab(self, st: Stack, i: int, dtype) -> torch.Tensor:
+        import torch
+
+        group = [self.get(p, dtype) for p in st.parts[i * st.interleave : (i + 1) * st.interleave]]
+        rows, cols = group[0].shape
+        return torch.stack(group, dim=1).reshape(1, rows * st.interleave, cols)
 
     def items(self, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
         for name in self.refs:
@@ -155,12 +195,14 @@ def _header(path: Path) -> dict[str, Any]:
     return raw
 
 
-def write_index(root: Path, entries: dict[str, tuple[str, str]]) -> None:
-    """weights.json: name -> (file, stored key); files are relative to `root`."""
-    data = {
+def write_index(root: Path, entries: dict[str, tuple[str, str]], stacks: dict[str, Stack] | None = None) -> None:
+    """weights.json: name -> (file, stored key); files are relative to `root`; `stacks` as in WeightStore."""
+    data: dict[str, Any] = {
         "format": WEIGHTS_INDEX_FORMAT,
         "tensors": {name: {"file": f, "key": k} for name, (f, k) in sorted(entries.items())},
     }
+    if stacks:
+        data["stacks"] = {n: {"parts": list(s.parts), "interleave": s.interleave} for n, s in sorted(stacks.items())}
     (Path(root) / WEIGHTS_INDEX).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
 
 

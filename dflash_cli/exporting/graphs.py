@@ -164,7 +164,7 @@ def _one_layer_stand_in(gname, module, hf_config, src: Path, options: ExportOpti
     from dflash_cli.modeling.loading import build_draft, build_target
 
     depth = module.spec.num_layers if gname == "target" else len(module.draft.layers)
-    if depth < 2 or (gname == "target" and _is_hybrid(module)):  # layers of two kinds: replicate.py grows one
+    if depth < 2 or (gname == "target" and _mixed_layers(module)):  # layers of two kinds: replicate.py grows one
         return None
     cfg = copy.deepcopy(hf_config)
     cfg.num_hidden_layers = 1
@@ -177,10 +177,12 @@ def _one_layer_stand_in(gname, module, hf_config, src: Path, options: ExportOpti
     return stand_in
 
 
-def _is_hybrid(module) -> bool:
+def _mixed_layers(module) -> bool:
+    """A hybrid target (linear and full attention), or a MoE target with some dense MLP layers."""
     from dflash_cli.modeling.hybrid_target import HybridCacheTarget
 
-    return isinstance(module, HybridCacheTarget)
+    sparse = len(getattr(module.spec, "sparse_layers", ()))
+    return isinstance(module, HybridCacheTarget) or 0 < sparse < module.spec.num_layers
 
 
 def layer_plan(gname: str, module) -> LayerPlan:
@@ -240,6 +242,9 @@ def weight_initializers(
     out = {}
     for name, param in module.named_parameters():
         key = rename(name) if rename else name
+        if key in store.stacks:  # assembled from several checkpoint tensors: read from the export by the compile
+            out[name] = Initializer(name, None, _reader(store, key, dtype, None, tuple(param.shape)))
+            continue
         ref = store.refs[key]
         st = os.stat(store.root / ref.file)
         cut = rows if rows is not None and ref.shape[0] != param.shape[0] else None
@@ -275,7 +280,9 @@ def _constant(t: torch.Tensor) -> Initializer:
 def _example_inputs(gname: str, module, shape: PairShape, dtype: torch.dtype, prefix_cache: bool = False) -> tuple:
     B, P = shape.block, shape.prefill
     meta = torch.device("meta")
-    if _is_hybrid(module):  # its cache inputs are of several kinds: the module knows their shapes
+    from dflash_cli.modeling.hybrid_target import HybridCacheTarget
+
+    if isinstance(module, HybridCacheTarget):  # its cache inputs are of several kinds: the module knows their shapes
         # prefix form: filled slots and pending rows of example sizes unlike any other, so they stay symbolic
         past = (
             module.empty_cache(P + 3, dtype=dtype, device=meta, rows=B + 5)

@@ -44,6 +44,8 @@ def trace_template(
     one of their own, `pending_rows` (a hybrid target's rows of the previous call, modeling/delta_rollback.py)."""
     import onnxscript.rewriter.onnx_fusions
 
+    from dflash_cli.modeling.moe import onnx_translations
+
     seq = torch.export.Dim("seq_len", min=1, max=8192)
     past_len = torch.export.Dim("past_len", min=1, max=1 << 20)
     dynamic = {_arg(n): ({symbolic_inputs[n]: seq} if n in symbolic_inputs else None) for n in input_names}
@@ -63,6 +65,7 @@ def trace_template(
                 dynamic_shapes=dynamic,
                 optimize=False,  # folding needs values; it runs below, once weights are lazily readable
                 verbose=False,
+                custom_translation_table=onnx_translations(),  # mixture-of-experts MLPs
             )
         except Exception as exc:  # the exporter's own error text is the useful part
             raise DFlashError(

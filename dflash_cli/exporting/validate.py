@@ -202,7 +202,9 @@ def _hf_model(cfg, target):
 
     with torch.device("meta"):
         hf = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    state = {k: v for k, v in target.state_dict().items() if not k.startswith(("dflash.", "rotary."))}
+    from dflash_cli.modeling.moe import to_hf_state
+
+    state = to_hf_state({k: v for k, v in target.state_dict().items() if not k.startswith(("dflash.", "rotary."))})
     missing, unexpected = hf.load_state_dict(state, strict=False, assign=True)
     if getattr(cfg, "tie_word_embeddings", False):
         hf.lm_head.weight = hf.model.embed_tokens.weight

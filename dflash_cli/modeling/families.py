@@ -16,11 +16,15 @@ class Family:
     model_types: tuple[str, ...] = ()
     # Linear-attention layers between full-attention ones (modeling/hybrid_target.py), not StaticCacheTarget
     hybrid: bool = False
+    # Sparse mixture-of-experts MLPs (modeling/moe.py) in the layers modeling.moe.sparse_layers names
+    moe: bool = False
 
 
 FAMILIES: dict[str, Family] = {
     "qwen3": Family("qwen3", qk_norm=True, default_mask_token_id=151669),
     "llama": Family("llama", qk_norm=False, default_mask_token_id=128002),
+    # Qwen3-MoE (Qwen3-Coder-30B-A3B, Qwen3-30B-A3B): Qwen3 attention, routed experts without a shared one.
+    "qwen3_moe": Family("qwen3_moe", qk_norm=True, default_mask_token_id=151669, moe=True),
     # Qwen3.5 / Qwen3.6 dense: Gated DeltaNet layers, every fourth layer gated full attention (text path).
     "qwen3_5": Family(
         "qwen3_5", qk_norm=True, default_mask_token_id=248070, model_types=("qwen3_5", "qwen3_5_text"), hybrid=True

@@ -37,6 +37,12 @@ class TargetSpec:
     qk_norm: bool
     attention_bias: bool
     mlp_bias: bool
+    # mixture of experts (modeling/moe.py): the layers with a sparse MLP, experts, chosen per token, width
+    sparse_layers: tuple[int, ...] = ()
+    experts: int = 0
+    top_k: int = 0
+    expert_intermediate: int = 0
+    renormalize: bool = True
 
     @classmethod
     def from_hf(cls, cfg) -> TargetSpec:
@@ -53,7 +59,20 @@ class TargetSpec:
             qk_norm=fam.qk_norm,
             attention_bias=bool(getattr(cfg, "attention_bias", False)),
             mlp_bias=bool(getattr(cfg, "mlp_bias", False)),
+            **(_moe_fields(cfg) if fam.moe else {}),
         )
+
+
+def _moe_fields(cfg) -> dict:
+    from dflash_cli.modeling.moe import sparse_layers
+
+    return {
+        "sparse_layers": tuple(sparse_layers(cfg)),
+        "experts": cfg.num_experts,
+        "top_k": cfg.num_experts_per_tok,
+        "expert_intermediate": cfg.moe_intermediate_size,
+        "renormalize": bool(cfg.norm_topk_prob),
+    }
 
 
 class TargetAttention(nn.Module):
@@ -85,12 +104,17 @@ class TargetAttention(nn.Module):
 
 
 class TargetLayer(nn.Module):
-    def __init__(self, spec: TargetSpec) -> None:
+    def __init__(self, spec: TargetSpec, index: int = 0) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(spec.hidden, spec.eps)
         self.self_attn = TargetAttention(spec)
         self.post_attention_layernorm = RMSNorm(spec.hidden, spec.eps)
-        self.mlp = SwiGLU(spec.hidden, spec.intermediate, spec.mlp_bias)
+        if index in spec.sparse_layers:
+            from dflash_cli.modeling.moe import SparseMoe
+
+            self.mlp = SparseMoe(spec.hidden, spec.expert_intermediate, spec.experts, spec.top_k, spec.renormalize)
+        else:
+            self.mlp = SwiGLU(spec.hidden, spec.intermediate, spec.mlp_bias)
 
     def forward(self, x, cos, sin, positions, visible, past_k, past_v):
         a, k, v = self.self_attn(self.input_layernorm(x), cos, sin, positions, visible, past_k, past_v)
@@ -102,7 +126,7 @@ class _Body(nn.Module):
     def __init__(self, spec: TargetSpec) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(spec.vocab, spec.hidden)
-        self.layers = nn.ModuleList(TargetLayer(spec) for _ in range(spec.num_layers))
+        self.layers = nn.ModuleList(TargetLayer(spec, i) for i in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden, spec.eps)
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from dflash_cli import checkpoints as ckpt
 from dflash_cli.errors import CheckpointError
+from dflash_cli.modeling.moe import checkpoint_stacks
 from dflash_cli.pair import PAIR_FILE, PairInfo, draft_weight_shapes, resolve_pair
 from dflash_cli.stages.base import StageContext
 from dflash_cli.text_path import text_config, text_weights
@@ -38,7 +39,7 @@ TOKENIZER_MARKERS = ("tokenizer.json", "tokenizer.model", "vocab.json")
 
 class ConvertStage:
     name = "convert"
-    version = 3  # 3: the text path of multimodal checkpoints (Qwen3.5)
+    version = 4  # 3: the text path of multimodal checkpoints (Qwen3.5); 4: stacked experts (MoE)
     upstream: tuple[str, ...] = ()
     tools: tuple[str, ...] = ()  # reads headers and links files: only its own version matters
 
@@ -78,7 +79,7 @@ class ConvertStage:
             if (target_dir / name).is_file():
                 shutil.copyfile(target_dir / name, out_target / name)
         copied = _link_files(target_dir, target.files(), out_target)
-        write_index(out_target, target_index)
+        write_index(out_target, target_index, target.stacks)
 
         ctx.progress("linking draft weights")
         copied += _link_files(draft_dir, draft.files(), out_draft)
@@ -124,6 +125,8 @@ def describe(recipe: Any) -> Described:
             f"target weights have no {EMBED_KEY}", hint="point target.path at a Hugging Face causal LM checkpoint"
         )
     _check_vocab_size(target_dir, target_cfg, target)
+    if _family_has(target_cfg.get("model_type"), "moe"):
+        target = WeightStore(target.root, target.refs, checkpoint_stacks(target_cfg, target))
     pair = resolve_pair(
         target_cfg,
         draft_cfg,
@@ -177,7 +180,7 @@ def _check_layer_kinds(path: Path, cfg: dict[str, Any], role: str) -> None:
         start, layers = int(cfg.get("max_window_layers") or 0), int(cfg.get("num_hidden_layers") or 0)
         kinds = ["sliding_attention" if window and i >= start else "full_attention" for i in range(layers)]
     allowed = {"full_attention"}
-    if role == "target" and _is_hybrid_family(cfg.get("model_type")):
+    if role == "target" and _family_has(cfg.get("model_type"), "hybrid"):
         allowed.add("linear_attention")
     other = [i for i, k in enumerate(kinds) if k not in allowed]
     if other:
@@ -192,10 +195,11 @@ def _check_layer_kinds(path: Path, cfg: dict[str, Any], role: str) -> None:
         )
 
 
-def _is_hybrid_family(model_type: Any) -> bool:
+def _family_has(model_type: Any, trait: str) -> bool:
+    """Whether the family of `model_type` has `trait` ("hybrid", "moe"); False for unknown types (refused later)."""
     from dflash_cli.modeling.families import FAMILIES
 
-    return any(model_type in (f.model_type, *f.model_types) and f.hybrid for f in FAMILIES.values())
+    return any(model_type in (f.model_type, *f.model_types) and getattr(f, trait) for f in FAMILIES.values())
 
 
 def _check_vocab_size(target_dir: Path, target_cfg: dict[str, Any], target: WeightStore) -> None:

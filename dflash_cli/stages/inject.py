@@ -97,7 +97,7 @@ class InjectStage:
         target_index = _link_all(target, src / TARGET_DIR, out_target)
         target_index[TARGET_FC_KEY] = (INJECTED_FILE, TARGET_FC_KEY)
         target_index[TARGET_HIDDEN_NORM_KEY] = (INJECTED_FILE, TARGET_HIDDEN_NORM_KEY)
-        write_index(out_target, target_index)
+        write_index(out_target, target_index, target.stacks)
         _copy_side_files(src / TARGET_DIR, out_target)
 
         draft_index = _link_all(draft, src / DRAFT_DIR, out_draft)

@@ -1,0 +1,209 @@
+"""Sparse mixture-of-experts MLP (Qwen3-MoE), exported as ONNX Runtime's `com.microsoft.MoE`.
+
+The router (a Linear to one logit per expert) stays an ordinary MatMul. The experts are one custom op,
+`dflash::moe`: in PyTorch it computes exactly what Hugging Face's block does (softmax over the experts,
+top-k, optionally renormalised, SwiGLU per chosen expert, weighted sum); in the exported graph it is
+ONNX Runtime's MoE node, which computes only the experts each token chose. Both are token-local: a
+token's output depends only on its own row, so a verify block gives each position what a one-token call
+gives it (checked at build time, ortcompile/checks.py).
+
+Weights: `gate_up_proj` [experts, 2*inter, hidden] with gate and up rows interleaved (the layout ONNX
+Runtime's CPU kernel takes), `down_proj` [experts, hidden, inter]. The checkpoint stores one tensor per
+expert and projection; convert writes a stacked view of them (weights.py, `stacks`), so nothing is copied.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+DOMAIN = "com.microsoft"
+
+
+@torch.library.custom_op("dflash::moe", mutates_args=())
+def moe(
+    x: torch.Tensor, logits: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, k: int, renormalize: bool
+) -> torch.Tensor:
+    """x [tokens, hidden], logits [tokens, experts] -> [tokens, hidden]."""
+    probs = torch.softmax(logits.float(), dim=-1)
+    weights, chosen = torch.topk(probs, k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    weights = weights.to(x.dtype)
+    out = torch.zeros_like(x)
+    for slot in range(k):  # one expert per token at a time: a gather of [tokens, 2*inter, hidden], not k of them
+        e = chosen[:, slot]
+        gu = torch.bmm(gate_up[e], x[:, :, None])[..., 0]
+        act = nn.functional.silu(gu[:, 0::2]) * gu[:, 1::2]
+        out = out + weights[:, slot, None] * torch.bmm(down[e], act[:, :, None])[..., 0]
+    return out
+
+
+@moe.register_fake
+def _(x, logits, gate_up, down, k, renormalize):
+    return torch.empty_like(x)
+
+
+def _register_schema() -> None:
+    """ONNX has no schema for ONNX Runtime's contrib ops; the exporter's builder needs one to emit the node."""
+    import onnx
+    from onnx.defs import OpSchema
+
+    try:
+        onnx.defs.get_schema("MoE", 1, DOMAIN)
+        return
+    except onnx.defs.SchemaError:
+        pass
+    param, opt = OpSchema.FormalParameter, OpSchema.FormalParameterOption
+    attr, kind = OpSchema.Attribute, OpSchema.AttrType
+    inputs = [
+        param("input", "T"),
+        param("router_probs", "T"),
+        param("fc1_experts_weights", "T"),
+        param("fc1_experts_bias", "T", param_option=opt.Optional),
+        param("fc2_experts_weights", "T"),
+    ]
+    attrs = [
+        attr("k", kind.INT, ""),
+        attr("activation_type", kind.STRING, ""),
+        attr("normalize_routing_weights", kind.INT, ""),
+        attr("swiglu_fusion", kind.INT, ""),
+        attr("activation_alpha", kind.FLOAT, ""),
+        attr("activation_beta", kind.FLOAT, ""),
+    ]
+    schema = OpSchema(
+        "MoE",
+        DOMAIN,
+        1,
+        inputs=inputs,
+        outputs=[param("output", "T")],
+        type_constraints=[("T", ["tensor(float)", "tensor(float16)"], "")],
+        attributes=attrs,
+    )
+    onnx.defs.register_schema(schema)
+
+
+def onnx_translations() -> dict:
+    """The exporter's table entry: `dflash::moe` -> com.microsoft.MoE (SwiGLU, gate/up interleaved)."""
+    import onnxscript
+    from onnxscript import opset18 as op
+
+    _register_schema()
+    ms = onnxscript.values.Opset(DOMAIN, 1)
+
+    def translate(x, logits, gate_up, down, k: int, renormalize: bool):
+        # Every row twice: ONNX Runtime's CPU kernel takes another path for an expert that got a single
+        # row of the call than for one that got several, and the two round differently, so a token's
+        # output would depend on which other tokens chose its experts. Doubled, every chosen expert has
+        # at least two rows, and the outputs are the same whatever the call (checked at build time).
+        y = ms.MoE(
+            op.Concat(x, x, axis=0),
+            op.Concat(logits, logits, axis=0),
+            gate_up,
+            None,
+            down,
+            k=k,
+            activation_type="swiglu",
+            normalize_routing_weights=int(renormalize),
+            swiglu_fusion=1,
+            activation_alpha=1.0,
+            activation_beta=0.0,
+        )
+        first, _ = op.Split(y, axis=0, num_outputs=2)
+        return first
+
+    return {torch.ops.dflash.moe.default: translate}
+
+
+def to_hf_state(state: dict) -> dict:
+    """Our tensors under Hugging Face's layout (transformers 5 fuses gate and up as [gate | up], not interleaved)."""
+    out = dict(state)
+    for k, v in state.items():
+        if k.endswith("mlp.experts.gate_up_proj"):
+            e, rows, cols = v.shape
+            out[k] = v.view(e, rows // 2, 2, cols).transpose(1, 2).reshape(e, rows, cols)
+    return out
+
+
+class Router(nn.Module):
+    def __init__(self, hidden: int, experts: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(experts, hidden))
+
+
+class Experts(nn.Module):
+    def __init__(self, hidden: int, inter: int, experts: int) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Parameter(torch.empty(experts, 2 * inter, hidden))
+        self.down_proj = nn.Parameter(torch.empty(experts, hidden, inter))
+
+
+class SparseMoe(nn.Module):
+    """Module names mirror Hugging Face's (`mlp.gate.weight`, `mlp.experts.*`)."""
+
+    def __init__(self, hidden: int, inter: int, experts: int, top_k: int, renormalize: bool) -> None:
+        super().__init__()
+        self.gate = Router(hidden, experts)
+        self.experts = Experts(hidden, inter, experts)
+        self.top_k, self.renormalize = top_k, renormalize
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        logits = nn.functional.linear(flat, self.gate.weight)
+        out = torch.ops.dflash.moe(
+            flat, logits, self.experts.gate_up_proj, self.experts.down_proj, self.top_k, self.renormalize
+        )
+        return out.reshape(x.shape)
+
+
+def num_experts(cfg) -> int:
+    """Transformers 5 saves Qwen3-MoE's `num_experts` as `num_local_experts` (an attribute map); published
+    configs say `num_experts`."""
+    if not isinstance(cfg, dict):
+        return int(getattr(cfg, "num_experts", 0) or 0)
+    return int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+
+
+def sparse_layers(cfg) -> list[int]:
+    """Indices of the layers whose MLP is the sparse block (Hugging Face's rule for Qwen3-MoE); `cfg` a
+    config object or its dict."""
+    get = cfg.get if isinstance(cfg, dict) else lambda k, d=None: getattr(cfg, k, d)
+    experts, step = num_experts(cfg), int(get("decoder_sparse_step", 1) or 1)
+    dense = set(get("mlp_only_layers", None) or [])
+    return [i for i in range(int(get("num_hidden_layers"))) if experts > 0 and i not in dense and (i + 1) % step == 0]
+
+
+def checkpoint_stacks(cfg: dict, store) -> dict:
+    """weights.Stack per stacked expert tensor of a Qwen3-MoE checkpoint (per-expert keys, as published)."""
+    from dflash_cli.errors import CheckpointError
+    from dflash_cli.weights import Stack
+
+    experts = num_experts(cfg)
+    out = {}
+    for layer in sparse_layers(cfg):
+        prefix = f"model.layers.{layer}."
+        for name, (parts, interleave) in _expert_parts(prefix, experts).items():
+            missing = [p for p in parts if p not in store]
+            if missing:
+                raise CheckpointError(
+                    f"target layer {layer} lacks expert weights ({len(missing)} missing, e.g. {missing[0]})",
+                    hint="the checkpoint is incomplete or not a Qwen3-MoE checkpoint with one tensor per expert",
+                )
+            shapes = {tuple(store.shape(p)) for p in parts}
+            if len(shapes) != 1:
+                raise CheckpointError(
+                    f"target layer {layer}: expert tensors of {name} differ in shape ({sorted(shapes)[:2]})",
+                    hint="the checkpoint is corrupt",
+                )
+            out[name] = Stack(parts, interleave)
+    return out
+
+
+def _expert_parts(prefix: str, experts: int) -> dict[str, tuple[tuple[str, ...], int]]:
+    """Stacked name -> (the checkpoint's per-expert keys, interleave). Interleave 2: (gate, up) pairs whose
+    rows alternate in the stacked expert (ONNX Runtime's fused SwiGLU layout); 1: one part per expert."""
+    e = f"{prefix}mlp.experts."
+    return {
+        e + "gate_up_proj": (tuple(f"{e}{i}.{w}_proj.weight" for i in range(experts) for w in ("gate", "up")), 2),
+        e + "down_proj": (tuple(f"{e}{i}.down_proj.weight" for i in range(experts)), 1),
+    }
