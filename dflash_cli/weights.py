@@ -92,7 +92,8 @@ class WeightStore:
             missing = sorted(p for st in stacks.values() for p in st.parts if p not in refs)
             if missing:
                 raise CheckpointError(
-                    f"{index} stacks tensors it does not list: {missing[:3]}", hint="rebuild this stage: `--rebuild convert`"
+                    f"{index} stacks tensors it does not list: {missing[:3]}",
+                    hint="rebuild this stage: `--rebuild convert`",
                 )
             return cls(root, refs, stacks)
         refs = {}
