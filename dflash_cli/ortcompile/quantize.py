@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from dflash_cli.exporting.onnx_data import prefetch, read_initializer
+from dflash_cli.ortcompile.quantize_moe import quantize_experts
 
 ALIGNMENT = 65536
 SPLIT_ROWS = 2048  # weights with at least twice this many output rows are quantised in two halves at once
@@ -33,6 +34,7 @@ class QuantResult:
     quantized: int  # MatMuls rewritten
     weight_bytes: int  # bytes written to the .q.data file
     stacked: int = 0  # groups of projections sharing an input, now one MatMulNBits each
+    experts: int = 0  # MoE nodes now QMoE (ortcompile/quantize_moe.py)
 
 
 def quantize_graph(
@@ -204,17 +206,35 @@ def quantize_graph(
             if len(handled) % 16 == 0 or len(handled) == len(plans):
                 report(len(handled))
 
+        moe, moe_weights = quantize_experts(
+            graph,
+            inits,
+            write,
+            src_onnx.parent,
+            bits=bits,
+            block_size=block_size,
+            accuracy_level=accuracy_level,
+            done=done,
+            identity=lambda t: _source_identity(t, src_onnx.parent, False),
+            progress=progress,
+        )
+        for node_id, (qnode, tensors) in moe.items():
+            expanded[node_id] = [qnode]
+            new_inits += tensors
+
     keep_nodes = [m for n in graph.node if id(n) not in removed_nodes for m in expanded.get(id(n), [n])]
     still_used = {i for n in keep_nodes for i in n.input}
     del graph.node[:]
     graph.node.extend(keep_nodes)
-    keep_inits = [t for t in graph.initializer if t.name not in plans or t.name in still_used]
+    keep_inits = [
+        t for t in graph.initializer if (t.name not in plans and t.name not in moe_weights) or t.name in still_used
+    ]
     del graph.initializer[:]
     graph.initializer.extend(keep_inits + new_inits)
     if not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     onnx.save_model(model, str(dst_onnx))
-    return QuantResult(rewritten, offset, grouped)
+    return QuantResult(rewritten, offset, grouped, len(moe))
 
 
 def _quantize_rows(w: np.ndarray, bits: int, block_size: int) -> tuple[np.ndarray, np.ndarray]:

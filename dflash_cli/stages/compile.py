@@ -25,7 +25,7 @@ class CompileStage:
     # 5: stacked q/k/v, gate/up; 6: prefix-cache graphs share stacks; 7: call-length check; 8: GQA pads one-row calls;
     # 9: the call-length check covers the hybrid's verifies past the block; 10: SiLU as QuickGelu, q/k/v
     # padded once before their stacked Split; 11: a hybrid target's call-length check asks equal tokens only
-    version = 11
+    version = 12  # 12: MoE experts to QMoE
     upstream = ("export",)
     tools: tuple[str, ...] = ("onnx", "onnxruntime")  # the QAIC SDK version is in key_fields
 
@@ -205,6 +205,8 @@ def _compile_ort(ctx: StageContext) -> dict[str, Any]:
             facts[f"{gname}_weights_read_from_checkpoint"] = source.read_count if source is not None else 0
             facts[f"{gname}_quantized_matmuls"] = result.quantized
             facts[f"{gname}_stacked_matmuls"] = result.stacked
+            if result.experts:
+                facts[f"{gname}_quantized_moe_layers"] = result.experts
             if result.quantized == 0:
                 raise DFlashError(
                     f"{gname}.onnx has no MatMul with a constant weight to quantise",
