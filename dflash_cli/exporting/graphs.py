@@ -243,7 +243,8 @@ def weight_initializers(
     for name, param in module.named_parameters():
         key = rename(name) if rename else name
         if key in store.stacks:  # assembled from several checkpoint tensors: read from the export by the compile
-            out[name] = Initializer(name, None, _reader(store, key, dtype, None, tuple(param.shape)))
+            identity = ("stack", str(store.root.resolve()), key, str(dtype))  # the prefix graph shares it
+            out[name] = Initializer(name, identity, _reader(store, key, dtype, None, tuple(param.shape)))
             continue
         ref = store.refs[key]
         st = os.stat(store.root / ref.file)

@@ -1,0 +1,54 @@
+"""A tiny Qwen3-MoE pair through the command line at the quantised precisions: experts as ONNX Runtime's QMoE,
+`run --json` identical in every mode, `bench` lossless, each quantised expert stored once."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from dflash_cli.cli.app import create_app
+from tests.fixtures.tiny_pairs import make_pair
+
+
+def _dflash(*args: str):
+    result = CliRunner().invoke(create_app(), list(args))
+    assert result.exit_code == 0, result.output
+    return result
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["int8", "int4"])
+def test_quantised_moe_build_runs_and_benches_losslessly(precision: str, tmp_path: Path) -> None:
+    import onnx
+
+    pair = make_pair(tmp_path / "pair", "qwen3_moe")
+    recipe = str(pair.write_recipe(tmp_path / "recipe.yaml", compile={"ort": {"precision": precision}}))
+    common = ["-r", recipe, "--cache-dir", str(tmp_path / "cache")]
+    _dflash("build", *common)
+    compile_dir = next((tmp_path / "cache" / "artifacts" / "compile").glob("*/"))
+    facts = json.loads((compile_dir / "compile.json").read_text())
+    assert facts["target_quantized_moe_layers"] == facts["target_prefix_quantized_moe_layers"] == 4
+    assert facts["prefix_call_length_max_diff"]["tokens"] == 0.0
+    assert (compile_dir / "target_prefix.onnx.q.data").stat().st_size == 0  # it points at target's experts
+    graph = onnx.load(str(compile_dir / "target_prefix.onnx"), load_external_data=False).graph
+    qmoe = [n for n in graph.node if n.op_type == "QMoE"]
+    assert len(qmoe) == 4 and not any(n.op_type == "MoE" for n in graph.node)
+    bits = {a.i for n in qmoe for a in n.attribute if a.name == "expert_weight_bits"}
+    assert bits == {int(precision[3:])}
+
+    runs = {}
+    for mode in ("plain", "dflash", "lookup", "hybrid"):
+        out = _dflash("run", *common, "--prompt", "def add(a, b):\n    return a + b\n" * 3, "--mode", mode,
+                      "--max-new-tokens", "24", "--json")  # fmt: skip
+        runs[mode] = json.loads(out.stdout)["token_ids"]
+    assert all(tokens == runs["plain"] for tokens in runs.values())
+
+    prompts = tmp_path / "prompts.jsonl"
+    lines = ["The quick brown fox", "for i in range(10):\n    print(i * i)\n", "Question: what is 12 plus 30?"]
+    prompts.write_text("".join(json.dumps({"turns": [t]}) + "\n" for t in lines))
+    out = _dflash("bench", *common, "--dataset", str(prompts), "--max-new-tokens", "16", "--json")
+    doc = json.loads(out.stdout)
+    assert doc["lossless"]["checked"] and doc["lossless"]["mismatches"] == []
