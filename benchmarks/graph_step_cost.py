@@ -1,7 +1,7 @@
 """Per-call cost of compiled graphs, side by side: T(1), T(block) and the draft call, interleaved.
 
     python benchmarks/graph_step_cost.py LABEL=COMPILE_DIR[#prefix] [...] [--calls 200] [--start 100] [--out F.json]
-        [--as-run]
+        [--as-run] [--lengths 1,2,4,8,16]
 
 Each COMPILE_DIR is a compile artifact (target.onnx, draft.onnx, export.json), from any revision of
 this code, so graphs built by older checkouts can be timed against today's in one process. Every
@@ -10,7 +10,8 @@ cache positions 100.. as in a short generation; medians and ratios to the first 
 Decode-relevant only: prefill is one call per prompt. `--as-run`: the sessions as `dflash run` opens
 them for plain decoding (one spinning thread pool shared by all; one-token target calls padded to two
 rows only where the build said so) and the variants' order rotating each round; also reports whether
-each variant's target outputs equal the first variant's.
+each variant's target outputs equal the first variant's. `--lengths`: target calls of these lengths
+too (the verify-cost curve T(B) / T(1); a mixture-of-experts target reads more experts as B grows).
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ def main() -> None:
     ap.add_argument("--start", type=int, default=START, help="cache position of the first timed call")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--as-run", action="store_true", help="shared spinning pool, padding as built, rotating order")
+    ap.add_argument("--lengths", default="", help="comma-separated target call lengths to time as well")
     args = ap.parse_args()
     if args.as_run:
         from dflash_cli.ort_threads import use_shared_thread_pool
@@ -82,7 +84,9 @@ def main() -> None:
     assert len(block) == 1, "variants must share the block size"
     B = block.pop()
     rng = np.random.default_rng(0)
-    times: dict[str, dict[str, list[float]]] = {label: {"T(1)": [], f"T({B})": [], "draft": []} for label in variants}
+    lengths = sorted({1, B, *(int(n) for n in args.lengths.split(",") if n)})
+    keys = [f"T({n})" for n in lengths] + ["draft"]
+    times: dict[str, dict[str, list[float]]] = {label: {k: [] for k in keys} for label in variants}
     for info, target, draft, _ in variants.values():  # fill the cache up to START, untimed
         target.reset()
         draft.reset()
@@ -113,21 +117,35 @@ def main() -> None:
             seen[label] = {}
             times[label]["T(1)"].append(timed(target, one, seen[label]))
             times[label][f"T({B})"].append(timed(target, blk))
+            for n in lengths:
+                if n not in (1, B):
+                    call = {"input_ids": rng.integers(1, 100, (1, n)), "position_ids": np.arange(p, p + n)[None]}
+                    times[label][f"T({n})"].append(timed(target, call))
             times[label]["draft"].append(timed(draft, ctx))
         for label in variants:
             same[label] &= all(np.array_equal(seen[label][k], seen[first][k]) for k in seen[first])
-    doc = {"calls": args.calls, "start": args.start, "block_size": B, "variants": {}}
+    doc = {"calls": args.calls, "start": args.start, "block_size": B, "lengths": lengths, "variants": {}}
     print(f"{'variant':40s} {'T(1) ms':>9s} {f'T({B}) ms':>9s} {'draft ms':>9s}  T({B})/T(1) draft/T(1)  vs {first}")
     for label, t in times.items():
         med = {k: statistics.median(v) * 1e3 for k, v in t.items()}
         ratio = {k: med[k] / (statistics.median(times[first][k]) * 1e3) for k in med}
-        doc["variants"][label] = {"median_ms": med, "ratio_to_first": ratio, "outputs_equal_first": same[label]}
+        per_one = {k: med[k] / med["T(1)"] for k in med if k.startswith("T(")}
+        doc["variants"][label] = {
+            "median_ms": med,
+            "ratio_to_T1": per_one,
+            "ratio_to_first": ratio,
+            "outputs_equal_first": same[label],
+        }
         print(
             f"{label:40s} {med['T(1)']:9.3f} {med[f'T({B})']:9.3f} {med['draft']:9.3f}  "
             f"{med[f'T({B})'] / med['T(1)']:10.2f} {med['draft'] / med['T(1)']:10.2f}  "
             + " ".join(f"{k} {r:.3f}x" for k, r in ratio.items())
             + ("" if same[label] else "  (outputs differ)")
         )
+    if len(lengths) > 2:
+        for label in variants:
+            curve = doc["variants"][label]["ratio_to_T1"]
+            print(f"{label:40s} T(B)/T(1): " + "  ".join(f"{k} {v:.2f}" for k, v in curve.items()))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(doc, indent=2) + "\n")

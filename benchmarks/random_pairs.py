@@ -129,6 +129,16 @@ def _qwen3_5(hidden: int, inter: int, tie: bool, layers: int = 32) -> dict:
     }
 
 
+def _qwen3_moe(layers: int = 48) -> dict:
+    """Qwen3-Coder-30B-A3B-Instruct (model card): 48 layers of Qwen3 attention (32 heads, 4 KV heads of 128)
+    with a sparse MLP each: 128 experts of width 768, 8 chosen per token, no shared expert."""
+    cfg = _qwen3(2048, layers, 32, 6144, False)
+    cfg |= {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "num_key_value_heads": 4}
+    cfg |= {"num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768, "norm_topk_prob": True}
+    cfg |= {"decoder_sparse_step": 1, "mlp_only_layers": [], "rope_theta": 10000000, "max_position_embeddings": 262144}
+    return cfg
+
+
 # name -> (target config, special tokens, draft: layers, intermediate, block, mask id, target_layer_ids)
 PAIRS = {
     "qwen3-0.6b": (_qwen3(1024, 28, 16, 3072, True), QWEN3_SPECIAL, 5, 3072, 16, 151669, [1, 7, 13, 19, 25]),
@@ -141,6 +151,8 @@ PAIRS = {
     # side by side in this machine's memory and disk
     "qwen3-8b-8l": (_qwen3(4096, 8, 32, 12288, False), QWEN3_SPECIAL, 5, 12288, 16, 151669, [1, 2, 3, 4, 5]),
     "qwen3.5-9b-8l": (_qwen3_5(4096, 12288, False, 8), QWEN35_SPECIAL, 5, 12288, 16, 248070, [1, 2, 3, 4, 5]),
+    # 4 of Qwen3-Coder-30B-A3B's 48 layers at their real widths (the whole is 61 GB of bf16, more than this disk)
+    "qwen3-coder-30b-a3b-4l": (_qwen3_moe(4), QWEN3_SPECIAL, 5, 6144, 16, 151669, [0, 1, 2, 3]),
 }
 
 
@@ -162,6 +174,17 @@ def layer_shapes(c: dict, prefix: str, qk_norm: bool) -> dict[str, tuple[int, ..
     if qk_norm:
         shapes.update({"self_attn.q_norm.weight": (d,), "self_attn.k_norm.weight": (d,)})
     return {prefix + k: v for k, v in shapes.items()}
+
+
+def expert_shapes(c: dict, prefix: str) -> dict[str, tuple[int, ...]]:
+    """A sparse MLP in place of the dense one: the router and one tensor per expert and projection."""
+    H, inter, n = c["hidden_size"], c["moe_intermediate_size"], c["num_experts"]
+    shapes = {prefix + "mlp.gate.weight": (n, H)}
+    for e in range(n):
+        p = f"{prefix}mlp.experts.{e}."
+        shapes |= {p + "gate_proj.weight": (inter, H), p + "up_proj.weight": (inter, H)}
+        shapes[p + "down_proj.weight"] = (H, inter)
+    return shapes
 
 
 def linear_layer_shapes(c: dict, prefix: str) -> dict[str, tuple[int, ...]]:
@@ -216,7 +239,10 @@ def target_shapes(c: dict) -> dict[str, tuple[int, ...]]:
     H, V = c["hidden_size"], c["vocab_size"]
     shapes = {"model.embed_tokens.weight": (V, H)}
     for i in range(c["num_hidden_layers"]):
-        shapes.update(layer_shapes(c, f"model.layers.{i}.", c["model_type"] == "qwen3"))
+        layer = layer_shapes(c, f"model.layers.{i}.", c["model_type"] in ("qwen3", "qwen3_moe"))
+        if c["model_type"] == "qwen3_moe":  # every layer sparse (decoder_sparse_step 1, no mlp_only_layers)
+            layer = {k: v for k, v in layer.items() if ".mlp." not in k} | expert_shapes(c, f"model.layers.{i}.")
+        shapes.update(layer)
     shapes["model.norm.weight"] = (H,)
     if not c["tie_word_embeddings"]:
         shapes["lm_head.weight"] = (V, H)

@@ -46,7 +46,15 @@ class CompileStage:
 
     def run(self, ctx: StageContext) -> dict[str, Any]:
         if ctx.recipe.compile.backend == "qaic":
+            from dflash_cli.modeling.families import family_for
             from dflash_cli.qaic.compile import compile_graphs
+
+            if family_for(ctx.recipe.family).moe:
+                raise DFlashError(
+                    f"compile.backend=qaic does not take mixture-of-experts targets yet (family {ctx.recipe.family}):"
+                    " their experts export as ONNX Runtime's MoE op, which the QAIC compiler does not have",
+                    hint="build with `--set compile.backend=ort`",
+                )
 
             src = ctx.inputs["export"]
             facts = compile_graphs(src, ctx.out_dir, _qaic_options(ctx.recipe), ctx.progress)
