@@ -178,7 +178,7 @@ def export_shape_problems(block: int | None, prefill: int, ctx_len: int) -> list
 
 class Recipe(_Section):
     name: str = Field(min_length=1)
-    family: Literal["qwen3", "llama", "qwen3_5", "qwen3_moe"]
+    family: Literal["qwen3", "llama", "qwen3_5", "qwen3_moe", "qwen3_5_moe"]
     target: CheckpointRef
     draft: CheckpointRef
     dflash: DFlashConfig = DFlashConfig()

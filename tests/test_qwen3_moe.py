@@ -102,3 +102,44 @@ def test_build_checked_experts_per_token(built) -> None:
     assert len(moe) == len(sparse_layers(hf.config)) > 0
     report = json.loads((engine.export_dir / "validation.json").read_text())
     assert all(c["ok"] for c in report["checks"])
+
+
+@pytest.mark.slow
+def test_reduced_validation_keeps_fewer_experts(tmp_path, monkeypatch) -> None:
+    """A large MoE pair validates a reduced model with its first experts only (memory: most of a layer's bytes
+    are experts), grown from the export's own traced layer; a wrongly streamed expert still fails the stage."""
+    from dflash_cli.cache import Cache
+    from dflash_cli.errors import ExportValidationError
+    from dflash_cli.exporting import graphs, reduced, validate
+    from dflash_cli.pipeline import artifact_paths, build
+    from dflash_cli.recipe import load_recipe
+    from dflash_cli.stages import export
+
+    monkeypatch.setattr(export, "FULL_VALIDATION_BYTES", 0)
+    monkeypatch.setattr(reduced, "VOCAB", 300)
+    monkeypatch.setattr(reduced, "EXPERTS", 4)  # of 8; a token chooses 2
+    traced = []
+    monkeypatch.setattr(validate, "_export_reduced", lambda *a: traced.append(a))
+    pair = make_pair(tmp_path / "pair", "qwen3_moe")
+
+    def export_only(name: str):
+        recipe = load_recipe(str(pair.write_recipe(tmp_path / f"{name}.yaml")))
+        cache = Cache(tmp_path / name)
+        build(recipe, cache, upto="export")
+        return artifact_paths(recipe, cache, ["export"])["export"]
+
+    doc = json.loads((export_only("ok") / "validation.json").read_text())
+    assert traced == [] and "at most 4 experts a layer" in doc["mode"]
+    assert all(c["ok"] for c in doc["checks"]) and any(c["call"] == "vs-huggingface" for c in doc["checks"])
+
+    real = graphs._reader
+
+    def corrupt(store, key, dtype, cut, shape):
+        produce = real(store, key, dtype, cut, shape)
+        if key != "model.layers.2.mlp.experts.gate_up_proj":  # a layer the export copied from layer 0
+            return produce
+        return lambda: (-block[:, ::-1].copy() for block in produce())  # each expert's rows swapped and negated
+
+    monkeypatch.setattr(graphs, "_reader", corrupt)
+    with pytest.raises(ExportValidationError, match="export validation failed"):
+        export_only("bad")

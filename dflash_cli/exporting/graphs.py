@@ -237,18 +237,19 @@ def _keep_rope_float32(module: torch.nn.Module) -> None:
 def weight_initializers(
     module, store: WeightStore, rename, dtype: torch.dtype, rows: int | None
 ) -> dict[str, Initializer]:
-    """Each parameter of `module` as an Initializer reading its checkpoint tensor (first `rows` rows
-    of a vocabulary tensor when given) converted to `dtype`."""
+    """Each parameter of `module` as an Initializer reading its checkpoint tensor converted to `dtype`; with
+    `rows` (the reduced model) a tensor the module has fewer rows of is cut to them."""
     out = {}
     for name, param in module.named_parameters():
         key = rename(name) if rename else name
+        # the reduced model's cut tensors: vocabulary rows, and a MoE layer's first experts
+        cut = param.shape[0] if rows is not None and store.shape(key)[:1] != tuple(param.shape[:1]) else None
         if key in store.stacks:  # assembled from several checkpoint tensors: read from the export by the compile
-            identity = ("stack", str(store.root.resolve()), key, str(dtype))  # the prefix graph shares it
-            out[name] = Initializer(name, identity, _reader(store, key, dtype, None, tuple(param.shape)))
+            identity = ("stack", str(store.root.resolve()), key, str(dtype), cut)  # the prefix graph shares it
+            out[name] = Initializer(name, identity, _reader(store, key, dtype, cut, tuple(param.shape)))
             continue
         ref = store.refs[key]
         st = os.stat(store.root / ref.file)
-        cut = rows if rows is not None and ref.shape[0] != param.shape[0] else None
         identity = (st.st_dev, st.st_ino, ref.key, str(dtype), cut)
         where = weight_sources.origin(store.root / ref.file, ref.key, str(dtype).removeprefix("torch."), cut)
         out[name] = Initializer(name, identity, _reader(store, key, dtype, cut, tuple(param.shape)), where)

@@ -29,6 +29,15 @@ FAMILIES: dict[str, Family] = {
     "qwen3_5": Family(
         "qwen3_5", qk_norm=True, default_mask_token_id=248070, model_types=("qwen3_5", "qwen3_5_text"), hybrid=True
     ),
+    # Qwen3.5 / Qwen3.6 mixture of experts (35B-A3B): the same layers, each MLP routed experts plus a shared one.
+    "qwen3_5_moe": Family(
+        "qwen3_5_moe",
+        qk_norm=True,
+        default_mask_token_id=248070,
+        model_types=("qwen3_5_moe", "qwen3_5_moe_text"),
+        hybrid=True,
+        moe=True,
+    ),
 }
 
 

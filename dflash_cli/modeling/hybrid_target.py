@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from dflash_cli.modeling.delta_rollback import RollbackDeltaLayer, row_plan
+from dflash_cli.modeling.families import family_for
 from dflash_cli.modeling.gated_delta import squarings_for
 from dflash_cli.modeling.layers import (
     Rotary,
@@ -30,6 +31,7 @@ from dflash_cli.modeling.layers import (
     rms_normalize,
     write_cache,
 )
+from dflash_cli.modeling.moe import SparseMoe
 from dflash_cli.modeling.target import _Fusion
 
 LINEAR = "linear_attention"
@@ -57,7 +59,7 @@ class HybridSpec:
             heads=cfg.num_attention_heads,
             kv_heads=cfg.num_key_value_heads,
             head_dim=cfg.head_dim,
-            intermediate=cfg.intermediate_size,
+            intermediate=getattr(cfg, "intermediate_size", 0),  # none in a mixture-of-experts config
             vocab=cfg.vocab_size,
             eps=cfg.rms_norm_eps,
             layer_types=kinds[: cfg.num_hidden_layers],
@@ -130,7 +132,10 @@ class HybridLayer(nn.Module):
         else:
             self.self_attn = GatedAttention(cfg, spec)
         self.post_attention_layernorm = OffsetRMSNorm(spec.hidden, spec.eps)
-        self.mlp = SwiGLU(spec.hidden, spec.intermediate)
+        if family_for(cfg.model_type).moe:  # Qwen3.5-MoE: every layer's MLP sparse, with a shared expert
+            self.mlp = SparseMoe.from_hf(cfg)
+        else:
+            self.mlp = SwiGLU(spec.hidden, spec.intermediate)
 
 
 class _Body(nn.Module):

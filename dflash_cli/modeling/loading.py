@@ -101,8 +101,9 @@ def fill_weights(module: torch.nn.Module, store: WeightStore, rename=None, *, ro
     for name, param in list(module.named_parameters()):
         shape = store.shape(wanted[name])
         if rows is not None and shape and shape[0] != param.shape[0] and tuple(shape[1:]) == tuple(param.shape[1:]):
-            # only the rows kept are read and converted (not a whole vocabulary-sized tensor first)
-            tensor = torch.cat(list(store.iter_rows(wanted[name], param.dtype, rows=rows)))
+            # only the rows kept are read and converted (not a whole vocabulary-sized tensor first); the
+            # module's own first dim: the vocabulary rows, or a reduced MoE layer's experts
+            tensor = torch.cat(list(store.iter_rows(wanted[name], param.dtype, rows=param.shape[0])))
         else:
             tensor = store.get(wanted[name], param.dtype)
         if tuple(tensor.shape) != tuple(param.shape):

@@ -92,25 +92,56 @@ def onnx_translations() -> dict:
     ms = onnxscript.values.Opset(DOMAIN, 1)
 
     def translate(x, logits, gate_up, down, k: int, renormalize: bool):
-        # Every row twice: ONNX Runtime's CPU kernel takes another path for an expert that got a single
-        # row of the call than for one that got several, and the two round differently, so a token's
-        # output would depend on which other tokens chose its experts. Doubled, every chosen expert has
-        # at least two rows, and the outputs are the same whatever the call (checked at build time).
+        # ONNX Runtime's kernels sum a token's k expert outputs in an order that depends on the other tokens
+        # of the call (per-thread partial sums over experts; measured with 128 experts, 8 per token), and
+        # take another path for an expert that got a single row than for one that got several. So the
+        # routing runs here, each (token, slot) becomes a row of its own that goes to exactly one expert
+        # (k=1: nothing for the kernel to sum), every row is given twice (every chosen expert then has
+        # at least two), and the k outputs are weighted and summed here, in slot order. A token's output
+        # is then the same whatever shares its call (checked at build time, ortcompile/checks.py).
+        probs = op.Softmax(logits, axis=-1)
+        top, _ = op.TopK(probs, op.Constant(value_ints=[k]), axis=-1)
+        weights = op.Div(top, op.ReduceSum(top, op.Constant(value_ints=[-1]), keepdims=1)) if renormalize else top
+        tokens, width = op.Shape(x, start=0, end=1), op.Shape(x, start=1, end=2)
+        slots = op.Constant(value_ints=[k])
+        # row (token, slot) for every token and slot, token-major: its token's index, k times over
+        token_of_row = op.Reshape(
+            op.Expand(
+                op.Unsqueeze(op.Range(op.Constant(value_int=0), op.Squeeze(tokens), op.Constant(value_int=1)), [1]),
+                op.Concat(tokens, slots, axis=0),
+            ),
+            op.Constant(value_ints=[-1]),
+        )
+        rows = op.Gather(x, token_of_row, axis=0)
+        # Row (token, slot) goes to the slot's expert: its logit 0, every other -1 (the top-1 weight is then
+        # exactly 1). Found by value, not index, and gathered rather than reshaped, so no shape here depends
+        # on the number of experts (the export folds such shapes to constants, and validation's reduced
+        # model has fewer experts).
+        chosen = op.Equal(op.Gather(probs, token_of_row, axis=0), op.Reshape(top, op.Constant(value_ints=[-1, 1])))
+        one_hot = op.Where(chosen, op.Constant(value_float=0.0), op.Constant(value_float=-1.0))
         y = ms.MoE(
-            op.Concat(x, x, axis=0),
-            op.Concat(logits, logits, axis=0),
+            op.Concat(rows, rows, axis=0),
+            op.Concat(one_hot, one_hot, axis=0),
             gate_up,
             None,
             down,
-            k=k,
+            k=1,
             activation_type="swiglu",
-            normalize_routing_weights=int(renormalize),
+            normalize_routing_weights=1,
             swiglu_fusion=1,
             activation_alpha=1.0,
             activation_beta=0.0,
         )
         first, _ = op.Split(y, axis=0, num_outputs=2)
-        return first
+        per_slot = op.Mul(
+            op.Reshape(first, op.Concat(tokens, slots, width, axis=0)),
+            op.Unsqueeze(weights, op.Constant(value_ints=[-1])),
+        )
+        parts = op.Split(per_slot, axis=1, num_outputs=k) if k > 1 else (per_slot,)
+        total = parts[0]
+        for part in parts[1:]:
+            total = op.Add(total, part)
+        return op.Squeeze(total, op.Constant(value_ints=[1]))
 
     return {torch.ops.dflash.moe.default: translate}
 
@@ -139,13 +170,26 @@ class Experts(nn.Module):
 
 
 class SparseMoe(nn.Module):
-    """Module names mirror Hugging Face's (`mlp.gate.weight`, `mlp.experts.*`)."""
+    """Module names mirror Hugging Face's (`mlp.gate.weight`, `mlp.experts.*`, `mlp.shared_expert*`)."""
 
-    def __init__(self, hidden: int, inter: int, experts: int, top_k: int, renormalize: bool) -> None:
+    def __init__(self, hidden: int, inter: int, experts: int, top_k: int, renormalize: bool, shared: int = 0) -> None:
         super().__init__()
         self.gate = Router(hidden, experts)
         self.experts = Experts(hidden, inter, experts)
         self.top_k, self.renormalize = top_k, renormalize
+        if shared:  # Qwen3.5-MoE: an always-on expert, scaled by a sigmoid gate of its own
+            from dflash_cli.modeling.layers import SwiGLU
+
+            self.shared_expert = SwiGLU(hidden, shared)
+            self.shared_expert_gate = nn.Linear(hidden, 1, bias=False)
+
+    @classmethod
+    def from_hf(cls, cfg) -> SparseMoe:
+        renormalize = bool(getattr(cfg, "norm_topk_prob", True))  # Qwen3.5-MoE always renormalises
+        shared = int(getattr(cfg, "shared_expert_intermediate_size", 0) or 0)
+        return cls(
+            cfg.hidden_size, cfg.moe_intermediate_size, num_experts(cfg), cfg.num_experts_per_tok, renormalize, shared
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
@@ -153,6 +197,8 @@ class SparseMoe(nn.Module):
         out = torch.ops.dflash.moe(
             flat, logits, self.experts.gate_up_proj, self.experts.down_proj, self.top_k, self.renormalize
         )
+        if hasattr(self, "shared_expert"):
+            out = out + torch.sigmoid(self.shared_expert_gate(flat)) * self.shared_expert(flat)
         return out.reshape(x.shape)
 
 

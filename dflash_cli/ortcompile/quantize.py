@@ -216,6 +216,7 @@ def quantize_graph(
             accuracy_level=accuracy_level,
             done=done,
             identity=lambda t: _source_identity(t, src_onnx.parent, False),
+            quantize_kn=_quantize,
             progress=progress,
         )
         for node_id, (qnode, tensors) in moe.items():

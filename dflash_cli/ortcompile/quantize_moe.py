@@ -31,11 +31,13 @@ def quantize_experts(
     accuracy_level: int,
     done: dict,
     identity: Callable,
+    quantize_kn: Callable,
     progress: Callable[[str], None],
 ) -> tuple[dict[int, object], set[str]]:
     """QMoE nodes for the graph's MoE nodes: ({id(MoE node): QMoE node}, names of the fp32 expert tensors
     they replace). `write(base, packed, scales)` stores a pair and returns (tensors, places); `done` and
-    `identity` let the prefix-cache graph point at the first graph's quantised copy."""
+    `identity` let the prefix-cache graph point at the first graph's quantised copy; `quantize_kn(w [K, N],
+    bits, block)` is ONNX Runtime's block quantiser (packed [N, blocks, blob], scales [N, blocks])."""
     from onnx import helper
 
     from dflash_cli.errors import DFlashError
@@ -63,7 +65,7 @@ def quantize_experts(
             packed = np.empty((experts, n_out, k_in * bits // 8), np.uint8)
             scales = np.empty((experts, n_out, k_in // block_size), np.float32)
             for e in range(experts):
-                p, s = _quantize(np.ascontiguousarray(np.asarray(w[e], np.float32).T), bits, block_size)
+                p, s = quantize_kn(np.ascontiguousarray(np.asarray(w[e], np.float32).T), bits, block_size)
                 packed[e], scales[e] = p.reshape(n_out, -1), s
             del w
             tensors, _ = write(f"{name}.q{bits}", packed, scales)
@@ -85,9 +87,3 @@ def quantize_experts(
         replaced[id(node)] = (q, [w1, s1, w2, s2])
         progress(f"experts of {i + 1}/{len(nodes)} layers to int{bits}")
     return replaced, dropped
-
-
-def _quantize(kn: np.ndarray, bits: int, block_size: int):
-    from dflash_cli.ortcompile.quantize import _quantize as quantize_kn
-
-    return quantize_kn(kn, bits, block_size)
