@@ -75,3 +75,19 @@ def test_recipe_family_names_the_family(pair: TinyPair, tmp_path: Path) -> None:
     with pytest.raises(CheckpointError) as exc:
         _convert(pair, tmp_path / "out", family="qwen3")
     assert "set family: qwen3_moe" in str(exc.value.hint)
+
+
+@pytest.mark.parametrize("layout", ["qwen3_5_moe", "qwen3_5_moe_text"])
+def test_qwen3_5_moe_experts_and_shared_expert(layout: str, tmp_path: Path) -> None:
+    """Qwen3.5-MoE in both layouts: the text path under causal-LM names, every layer's experts stacked, the
+    shared expert and its gate as they are."""
+    pair = make_pair(tmp_path / "pair", layout)
+    _convert(pair, tmp_path / "out")
+    store = WeightStore.open(tmp_path / "out" / "target")
+    assert len(store.stacks) == 2 * 4  # gate_up and down of every layer
+    assert store.shape("model.layers.0.mlp.experts.gate_up_proj") == (8, 64, 64)
+    assert "model.layers.0.mlp.shared_expert.gate_proj.weight" in store
+    assert "model.layers.3.mlp.shared_expert_gate.weight" in store
+    cfg = json.loads((tmp_path / "out" / "target" / "config.json").read_text())
+    assert cfg["model_type"] == "qwen3_5_moe_text"
+    assert json.loads((tmp_path / "out" / "pair.json").read_text())["family"] == "qwen3_5_moe"
