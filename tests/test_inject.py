@@ -100,8 +100,8 @@ def test_fc_scale_is_recorded(tiny_qwen3_pair: TinyPair, tmp_path: Path) -> None
 def test_missing_injected_tensor_is_an_error(tiny_llama_pair: TinyPair, tmp_path: Path, monkeypatch) -> None:
     real_write = inject.write_index
 
-    def lossy_write(root: Path, entries: dict) -> None:
-        real_write(root, {k: v for k, v in entries.items() if k != "lm_head.weight" or root.name != "draft"})
+    def lossy_write(root: Path, entries: dict, stacks=None) -> None:
+        real_write(root, {k: v for k, v in entries.items() if k != "lm_head.weight" or root.name != "draft"}, stacks)
 
     monkeypatch.setattr(inject, "write_index", lossy_write)
     with pytest.raises(CheckpointError) as exc:

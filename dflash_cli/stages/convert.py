@@ -23,7 +23,6 @@ from typing import Any
 
 from dflash_cli import checkpoints as ckpt
 from dflash_cli.errors import CheckpointError
-from dflash_cli.modeling.moe import checkpoint_stacks
 from dflash_cli.pair import PAIR_FILE, PairInfo, draft_weight_shapes, resolve_pair
 from dflash_cli.stages.base import StageContext
 from dflash_cli.text_path import text_config, text_weights
@@ -126,6 +125,8 @@ def describe(recipe: Any) -> Described:
         )
     _check_vocab_size(target_dir, target_cfg, target)
     if _family_has(target_cfg.get("model_type"), "moe"):
+        from dflash_cli.modeling.moe import checkpoint_stacks  # imports torch: not at pipeline import
+
         target = WeightStore(target.root, target.refs, checkpoint_stacks(target_cfg, target))
     pair = resolve_pair(
         target_cfg,
