@@ -1,10 +1,7 @@
-"""Mixture-of-experts targets end to end: tiny random Qwen3-MoE pairs (every layer sparse, and every other layer
-dense) and a Qwen3.5-MoE pair (hybrid linear attention, routed plus shared experts) built by the real pipeline, against Hugging Face's own `generate`, in every mode, on the prefix-cache graphs ONNX
-Runtime runs and on the static graphs; the experts of a call computed per token whatever shares the call.
-
-Prompts run from 1 token to past several prefill chunks (8 tokens here) and blocks (4), and half of them
-repeat themselves so lookup and the hybrid propose long runs.
-"""
+"""Mixture-of-experts targets end to end: tiny random Qwen3-MoE pairs (every layer sparse, and every other
+layer dense) and a Qwen3.5-MoE pair (hybrid linear attention, routed plus shared experts), built by the real
+pipeline, against Hugging Face's own `generate`, in every mode, on the prefix-cache graphs ONNX Runtime runs
+and on the static graphs; the experts of a call computed per token whatever shares the call."""
 
 from __future__ import annotations
 
