@@ -52,3 +52,8 @@ def test_quantised_moe_build_runs_and_benches_losslessly(precision: str, tmp_pat
     out = _dflash("bench", *common, "--dataset", str(prompts), "--max-new-tokens", "16", "--json")
     doc = json.loads(out.stdout)
     assert doc["lossless"]["checked"] and doc["lossless"]["mismatches"] == []
+    dec = doc["decomposition"]  # the verify-cost curve up to the block (4 here) and the break-even tau
+    assert set(dec["t_verify_curve_s"]) == {"1", "2", "4"} and dec["verify_cost_ratio"]["1"] == 1.0
+    assert dec["break_even_tau"] == (dec["t_verify_s"] + dec["t_draft_s"]) / dec["t1_s"]
+    text = _dflash("bench", *common, "--dataset", str(prompts), "--max-new-tokens", "8").stdout
+    assert "verify cost T(n)/T(1)" in text and "break-even tau" in text

@@ -206,11 +206,17 @@ def decomposition(result: BenchResult, by_mode: dict[str, list[GenerationResult]
         if mode != "dflash" and mode in by_mode:  # the hybrid's lookup steps skip the draft: this overstates it
             read = target_bytes + (draft_bytes if mode_info(mode).uses_draft else 0)
             bandwidth[mode] = metrics.weight_bandwidth_gb_s(by_mode[mode], read)
+    curve = {int(n): s for n, s in (times.get("t_verify_curve") or {}).items()}
     return {
         "block_size": result.block_size,
         "t1_s": t1,
         "t_verify_s": t_verify,
         "t_draft_s": t_draft,
+        # target-call seconds per number of tokens, and relative to one token (T(n) / T(1))
+        "t_verify_curve_s": curve or None,
+        "verify_cost_ratio": {n: s / t1 for n, s in curve.items()} if curve and t1 else None,
+        # the tau at which a DFlash step of a whole block costs what plain decoding does
+        "break_even_tau": (t_verify + t_draft) / t1 if None not in (t1, t_verify, t_draft) and t1 else None,
         "mean_acceptance_length": tau,
         "ceiling_speedup": ceiling,
         "measured_speedup": metrics.decode_speedup(baseline, dflash) if baseline is not None else None,

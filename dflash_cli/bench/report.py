@@ -156,6 +156,13 @@ def decomposition_table(dec: dict[str, Any]) -> Table:
     table.add_row("plain step T(1)", _num(dec["t1_s"], ".2f", 1e3, " ms"))
     table.add_row(f"verify step T({dec['block_size']})", _num(dec["t_verify_s"], ".2f", 1e3, " ms"))
     table.add_row("draft step", _num(dec["t_draft_s"], ".2f", 1e3, " ms"))
+    if dec.get("verify_cost_ratio"):
+        ratios = "  ".join(
+            f"{n}: {r:.2f}" for n, r in sorted(dec["verify_cost_ratio"].items(), key=lambda i: int(i[0]))
+        )
+        table.add_row("verify cost T(n)/T(1)", ratios)
+    if dec.get("break_even_tau") is not None:
+        table.add_row("break-even tau (T_verify+T_draft)/T(1)", _num(dec["break_even_tau"], ".2f"))
     table.add_row("tau", _num(dec["mean_acceptance_length"], ".2f"))
     table.add_row("ceiling tau·T(1)/(T_verify+T_draft)", _num(dec["ceiling_speedup"], ".2f", suffix="x"))
     table.add_row("measured speedup", _num(dec["measured_speedup"], ".2f", suffix="x"))

@@ -104,7 +104,7 @@ class BenchResult:
     records: list[TurnRecord]  # in dataset order
     mismatches: list[Mismatch] = field(default_factory=list)
     lossless_checked: bool = False
-    step_times: dict[str, float] | None = None  # engine.step_times(): t1, t_verify, t_draft (median s)
+    step_times: dict[str, Any] | None = None  # engine.step_times(): t1, t_verify, t_draft, t_verify_curve (median s)
 
     def results_for(self, mode: str) -> list[GenerationResult]:
         return [r.results[mode] for r in self.records if mode in r.results]

@@ -247,19 +247,25 @@ class Engine:
             proposer = LookupProposer(PromptLookupDrafter(self.block_size))
         return generate_speculative(target, proposer, prompt_ids, self.prefill_len, self.block_size, cfg, on_commit)
 
-    def step_times(self, repeats: int = 20) -> dict[str, float]:
-        """Median seconds of one plain step, one verify call and one draft call (warm sessions)."""
+    def step_times(self, repeats: int = 20) -> dict[str, Any]:
+        """Median seconds of one plain step, one verify call and one draft call (warm sessions), and of
+        target calls of 2, 4, 8... tokens below the block (`t_verify_curve`: how verify cost grows; a
+        mixture-of-experts target reads more experts the more tokens a call has)."""
         B, H = self.block_size, self.hidden_size
         self.target.reset()
         self.draft.reset()
         one, block = _block_feeds(1), _block_feeds(B)
         _, cpos = padded([0] * B, _TIMING_POSITION - B, B)
         draft_feeds = {**block, "context_features": np.zeros((1, B, H), np.float32), "context_position_ids": cpos}
-        return {
+        times: dict[str, Any] = {
             "t1": _median_seconds(lambda: self.target.run(one), repeats),
             "t_verify": _median_seconds(lambda: self.target.run(block), repeats),
             "t_draft": _median_seconds(lambda: self.draft.run(draft_feeds), repeats),
         }
+        shorter = tuple(n for n in (2, 4, 8, 16, 32) if n < B)
+        curve = self.verify_cost_curve(shorter, repeats) if shorter else {}
+        times["t_verify_curve"] = {1: times["t1"], **curve, B: times["t_verify"]}
+        return times
 
     def verify_cost_curve(self, sizes: tuple[int, ...] = (1, 2, 4, 8, 16), repeats: int = 20) -> dict[int, float]:
         """Median target-call seconds for each number of tokens (how verify cost grows with the block)."""
