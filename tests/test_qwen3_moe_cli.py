@@ -57,3 +57,16 @@ def test_quantised_moe_build_runs_and_benches_losslessly(precision: str, tmp_pat
     assert dec["break_even_tau"] == (dec["t_verify_s"] + dec["t_draft_s"]) / dec["t1_s"]
     text = _dflash("bench", *common, "--dataset", str(prompts), "--max-new-tokens", "8").stdout
     assert "verify cost T(n)/T(1)" in text and "break-even tau" in text
+
+
+def test_qaic_backend_refuses_moe_targets_at_once(tmp_path: Path) -> None:
+    pair = make_pair(tmp_path / "pair", "qwen3_moe")
+    recipe = str(pair.write_recipe(tmp_path / "recipe.yaml", compile={"backend": "qaic"}))
+    result = CliRunner().invoke(create_app(), ["build", "-r", recipe, "--cache-dir", str(tmp_path / "cache")])
+    assert result.exit_code != 0
+    assert "compile.backend=qaic does not take mixture-of-experts targets yet" in result.output
+    assert "--set compile.backend=ort" in result.output
+    assert not list((tmp_path / "cache").glob("artifacts/*/*"))  # refused before any stage ran
+    out = CliRunner().invoke(create_app(), ["compile", "-r", recipe, "--cache-dir", str(tmp_path / "c2"),
+                                            "--backend", "qaic", "--emit-script", str(tmp_path / "bundle")])  # fmt: skip
+    assert out.exit_code != 0 and "mixture-of-experts" in out.output and not (tmp_path / "bundle").exists()

@@ -61,12 +61,14 @@ def compile_command(
         execute_build(recipe, overrides, cache_dir, force=False, rebuild=stages, upto="compile", as_json=json_)
         return
     from dflash_cli.cache import Cache
+    from dflash_cli.modeling.families import require_qaic_support
     from dflash_cli.pipeline import build
     from dflash_cli.qaic.bundle import emit_bundle
     from dflash_cli.qaic.command import QaicCompileOptions
     from dflash_cli.recipe import load_recipe
 
     r = load_recipe(recipe, overrides)
+    require_qaic_support(r.family)
     result = build(r, Cache(cache_dir), upto="export", hold=True)  # `cache clean` spares it while we copy
     options = QaicCompileOptions.from_mapping(r.compile.qaic.model_dump())
     bundle = emit_bundle(result.path("export"), emit_script, options, r.compile.qaic.aic_hw_version)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dflash_cli.errors import CheckpointError
+from dflash_cli.errors import CheckpointError, DFlashError
 
 
 @dataclass(frozen=True)
@@ -51,3 +51,13 @@ def family_for(model_type: str | None) -> Family:
             hint=f"supported families: {', '.join(sorted(FAMILIES))}",
         )
     return fam
+
+
+def require_qaic_support(family: str) -> None:
+    """Refuse, before anything is built, a family the QAIC backend cannot take."""
+    if FAMILIES.get(family) is not None and FAMILIES[family].moe:
+        raise DFlashError(
+            f"compile.backend=qaic does not take mixture-of-experts targets yet (family {family}): their experts"
+            " export as ONNX Runtime's MoE op, which the QAIC compiler does not have",
+            hint="build with `--set compile.backend=ort`",
+        )

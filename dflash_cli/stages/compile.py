@@ -32,9 +32,11 @@ class CompileStage:
     def key_fields(self, recipe: Any) -> dict[str, Any]:
         c = recipe.compile
         if c.backend == "qaic":
+            from dflash_cli.modeling.families import require_qaic_support
             from dflash_cli.qaic.compile import key_fields as qaic_key_fields
             from dflash_cli.qaic.sdk import find_sdk
 
+            require_qaic_support(recipe.family)  # refused while the build is planned
             return {"backend": "qaic", **qaic_key_fields(_qaic_options(recipe), find_sdk())}
         fields = {"backend": "ort", "precision": c.ort.precision, "fuse": c.ort.fuse}
         if c.ort.fuse:
@@ -46,15 +48,7 @@ class CompileStage:
 
     def run(self, ctx: StageContext) -> dict[str, Any]:
         if ctx.recipe.compile.backend == "qaic":
-            from dflash_cli.modeling.families import family_for
             from dflash_cli.qaic.compile import compile_graphs
-
-            if family_for(ctx.recipe.family).moe:
-                raise DFlashError(
-                    f"compile.backend=qaic does not take mixture-of-experts targets yet (family {ctx.recipe.family}):"
-                    " their experts export as ONNX Runtime's MoE op, which the QAIC compiler does not have",
-                    hint="build with `--set compile.backend=ort`",
-                )
 
             src = ctx.inputs["export"]
             facts = compile_graphs(src, ctx.out_dir, _qaic_options(ctx.recipe), ctx.progress)
