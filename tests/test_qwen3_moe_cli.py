@@ -67,6 +67,6 @@ def test_qaic_backend_refuses_moe_targets_at_once(tmp_path: Path) -> None:
     assert "compile.backend=qaic does not take mixture-of-experts targets yet" in result.output
     assert "--set compile.backend=ort" in result.output
     assert not list((tmp_path / "cache").glob("artifacts/*/*"))  # refused before any stage ran
-    out = CliRunner().invoke(create_app(), ["compile", "-r", recipe, "--cache-dir", str(tmp_path / "c2"),
-                                            "--backend", "qaic", "--emit-script", str(tmp_path / "bundle")])  # fmt: skip
+    args = ["compile", "-r", recipe, "--cache-dir", str(tmp_path / "c2"), "--backend", "qaic"]
+    out = CliRunner().invoke(create_app(), [*args, "--emit-script", str(tmp_path / "bundle")])
     assert out.exit_code != 0 and "mixture-of-experts" in out.output and not (tmp_path / "bundle").exists()
