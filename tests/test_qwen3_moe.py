@@ -7,47 +7,21 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
-import torch
 
+from tests.engines import assert_every_mode_equals_hf, assert_sampling_same_seed, mixed_prompts, prefix_and_static
 from tests.fixtures.tiny_pairs import make_pair
 
 NEW_TOKENS = 20
 MODES = ("plain", "dflash", "lookup", "hybrid")
 
 
-def _prompts(vocab: int, n: int = 32) -> list[list[int]]:
-    rng = np.random.default_rng(11)
-    prompts = []
-    for i in range(n):
-        length = 1 + (i * 13) % 45
-        if i % 2:
-            motif = rng.integers(2, vocab, size=1 + i % 5).tolist()
-            prompts.append((motif * length)[:length])
-        else:
-            prompts.append(rng.integers(2, vocab, size=length).tolist())
-    return prompts
-
-
 @pytest.fixture(scope="module", params=["qwen3_moe", "qwen3_moe_mixed", "qwen3_5_moe"])
 def built(request, tmp_path_factory):
     """(engines, Hugging Face model, build root): the engine as built (prefix-cache graphs) and one on the
     static graphs."""
-    from transformers import AutoModelForCausalLM
-
-    from dflash_cli.decoding.engine import Engine
-    from dflash_cli.recipe import load_recipe
-    from tests.engines import build_recipe
-
     root = tmp_path_factory.mktemp(request.param)
-    pair = make_pair(root / "pair", request.param)
-    recipe, cache = build_recipe(pair, root / "build", export={"logits": True})
-    prefix = Engine.load(recipe, cache)
-    assert type(prefix.target).__name__ != "OrtSession", "the build should run the prefix-cache target"
-    static = Engine.load(load_recipe(str(root / "build" / "recipe.yaml"), ["compile.ort.prefix_cache=false"]), cache)
-    assert type(static.target).__name__ == "OrtSession"
-    hf = AutoModelForCausalLM.from_pretrained(str(pair.target_dir), dtype=torch.float32).eval()
+    prefix, static, hf = prefix_and_static(make_pair(root / "pair", request.param), root / "build")
     yield (prefix, static), hf, root / "build"
     for engine in (prefix, static):
         engine.release_artifacts()
@@ -57,29 +31,14 @@ def built(request, tmp_path_factory):
 def test_every_mode_equals_hf_generate(built) -> None:
     engines, hf, _ = built
     assert type(hf).__name__ in ("Qwen3MoeForCausalLM", "Qwen3_5MoeForCausalLM")
-    stops = set(engines[0].eos_token_ids)
-    for prompt in _prompts(hf.config.vocab_size):
-        with torch.no_grad():
-            out = hf.generate(
-                torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=0
-            )
-        want = out[0, len(prompt) :].tolist()
-        for form, engine in zip(("prefix", "static"), engines):
-            for mode in MODES:
-                got = engine.generate(prompt, mode=mode, max_new_tokens=NEW_TOKENS).tokens
-                assert got == want[: len(got)], f"{form} {mode}, prompt of {len(prompt)} tokens"
-                assert len(got) == NEW_TOKENS or got[-1] in stops, f"{form} {mode} stopped early"
+    forms = dict(zip(("prefix", "static"), engines))
+    assert_every_mode_equals_hf(forms, hf, mixed_prompts(hf.config.vocab_size), NEW_TOKENS, MODES)
 
 
 @pytest.mark.slow
 def test_sampling_same_seed_equals_plain(built) -> None:
     (engine, _), hf, _ = built
-    for seed, prompt in enumerate(_prompts(hf.config.vocab_size, 8)):
-        runs = {
-            m: engine.generate(prompt, mode=m, max_new_tokens=16, temperature=0.8, top_p=0.95, seed=seed).tokens
-            for m in MODES
-        }
-        assert all(r == runs["plain"] for r in runs.values()), f"seed {seed}"
+    assert_sampling_same_seed(engine, hf.config.vocab_size, MODES)
 
 
 @pytest.mark.slow

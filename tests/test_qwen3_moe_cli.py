@@ -10,13 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from dflash_cli.cli.app import create_app
+from tests.engines import assert_quantised_runs_agree, dflash_ok
 from tests.fixtures.tiny_pairs import make_pair
-
-
-def _dflash(*args: str):
-    result = CliRunner().invoke(create_app(), list(args))
-    assert result.exit_code == 0, result.output
-    return result
 
 
 @pytest.mark.slow
@@ -27,7 +22,7 @@ def test_quantised_moe_build_runs_and_benches_losslessly(precision: str, tmp_pat
     pair = make_pair(tmp_path / "pair", "qwen3_moe")
     recipe = str(pair.write_recipe(tmp_path / "recipe.yaml", compile={"ort": {"precision": precision}}))
     common = ["-r", recipe, "--cache-dir", str(tmp_path / "cache")]
-    _dflash("build", *common)
+    dflash_ok("build", *common)
     compile_dir = next((tmp_path / "cache" / "artifacts" / "compile").glob("*/"))
     facts = json.loads((compile_dir / "compile.json").read_text())
     assert facts["target_quantized_moe_layers"] == facts["target_prefix_quantized_moe_layers"] == 4
@@ -39,23 +34,11 @@ def test_quantised_moe_build_runs_and_benches_losslessly(precision: str, tmp_pat
     bits = {a.i for n in qmoe for a in n.attribute if a.name == "expert_weight_bits"}
     assert bits == {int(precision[3:])}
 
-    runs = {}
-    for mode in ("plain", "dflash", "lookup", "hybrid"):
-        out = _dflash("run", *common, "--prompt", "def add(a, b):\n    return a + b\n" * 3, "--mode", mode,
-                      "--max-new-tokens", "24", "--json")  # fmt: skip
-        runs[mode] = json.loads(out.stdout)["token_ids"]
-    assert all(tokens == runs["plain"] for tokens in runs.values())
-
-    prompts = tmp_path / "prompts.jsonl"
-    lines = ["The quick brown fox", "for i in range(10):\n    print(i * i)\n", "Question: what is 12 plus 30?"]
-    prompts.write_text("".join(json.dumps({"turns": [t]}) + "\n" for t in lines))
-    out = _dflash("bench", *common, "--dataset", str(prompts), "--max-new-tokens", "16", "--json")
-    doc = json.loads(out.stdout)
-    assert doc["lossless"]["checked"] and doc["lossless"]["mismatches"] == []
+    doc = assert_quantised_runs_agree(common, tmp_path / "prompts.jsonl")
     dec = doc["decomposition"]  # the verify-cost curve up to the block (4 here) and the break-even tau
     assert set(dec["t_verify_curve_s"]) == {"1", "2", "4"} and dec["verify_cost_ratio"]["1"] == 1.0
     assert dec["break_even_tau"] == (dec["t_verify_s"] + dec["t_draft_s"]) / dec["t1_s"]
-    text = _dflash("bench", *common, "--dataset", str(prompts), "--max-new-tokens", "8").stdout
+    text = dflash_ok("bench", *common, "--dataset", str(tmp_path / "prompts.jsonl"), "--max-new-tokens", "8").stdout
     assert "verify cost T(n)/T(1)" in text and "break-even tau" in text
 
 
