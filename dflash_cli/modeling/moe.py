@@ -118,7 +118,8 @@ def onnx_translations() -> dict:
         # on the number of experts (the export folds such shapes to constants, and validation's reduced
         # model has fewer experts).
         chosen = op.Equal(op.Gather(probs, token_of_row, axis=0), op.Reshape(top, op.Constant(value_ints=[-1, 1])))
-        one_hot = op.Where(chosen, op.Constant(value_float=0.0), op.Constant(value_float=-1.0))
+        on, off = op.CastLike(op.Constant(value_float=0.0), x), op.CastLike(op.Constant(value_float=-1.0), x)
+        one_hot = op.Where(chosen, on, off)  # in the graph's float type (an fp16 export too)
         y = ms.MoE(
             op.Concat(rows, rows, axis=0),
             op.Concat(one_hot, one_hot, axis=0),
