@@ -76,8 +76,7 @@ class OrtConfig(_Section):
     intra_op_threads: int = Field(default=0, ge=0)  # 0 = ONNX Runtime's default
     graph_optimization: Literal["disable", "basic", "extended", "all"] = "all"
     provider: Literal["auto", "cpu", "cuda"] = "auto"
-    # Idle intra-op threads busy-wait by default; with the target and draft sessions taking turns
-    # on the same cores, spinning threads of one steal the CPU from the other.
+    # Idle intra-op threads busy-wait by default; target and draft taking turns, one's spinning steals the other's CPU.
     allow_spinning: bool = False
     # `shared`: every session of a `dflash run` / `bench` / `serve` process uses one (spinning) intra-op
     # pool, so target and draft take turns on the same threads (backends/ort.py: plain 1.7-1.9x, DFlash
@@ -139,6 +138,7 @@ class RunConfig(_Section):
     seed: int = Field(default=0, ge=0)
     chat_template: bool = False
     enable_thinking: bool = False
+    reasoning_effort: Literal["low", "medium", "high"] | None = None  # gpt-oss's chat template; None: its default
     stop: list[str] = Field(default_factory=list)
     # Who proposes: the DFlash draft, suffix lookup (no model), or per step whichever the evidence favours.
     drafter: Literal["dflash", "lookup", "hybrid"] = "dflash"
@@ -178,7 +178,7 @@ def export_shape_problems(block: int | None, prefill: int, ctx_len: int) -> list
 
 class Recipe(_Section):
     name: str = Field(min_length=1)
-    family: Literal["qwen3", "llama", "qwen3_5", "qwen3_moe", "qwen3_5_moe"]
+    family: Literal["qwen3", "llama", "qwen3_5", "qwen3_moe", "qwen3_5_moe", "gpt_oss"]
     target: CheckpointRef
     draft: CheckpointRef
     dflash: DFlashConfig = DFlashConfig()

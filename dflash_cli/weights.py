@@ -53,11 +53,22 @@ _DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I1
 
 @dataclass(frozen=True)
 class Stack:
-    """A tensor [len(parts) / interleave, interleave * rows, cols] made of stored [rows, cols] tensors:
-    each group of `interleave` consecutive parts becomes one slab whose rows alternate between them."""
+    """A tensor of slabs read from stored ones, one slab (an expert) at a time, by `kind`:
+    * "rows": [len(parts) / interleave, interleave * rows, cols] from stored [rows, cols] tensors, each group
+      of `interleave` consecutive parts one slab whose rows alternate between them;
+    * "transpose": one stored [slabs, cols, rows] tensor, each slab transposed;
+    * "mxfp4": parts (blocks, scales), OCP MXFP4 as gpt-oss stores it: blocks [slabs, rows, groups, 16] bytes
+      of two 4-bit E2M1 values (low nibble first), scales [slabs, rows, groups] E8M0 exponents (bias 127),
+      read as [slabs, rows, groups * 32].
+    A stack may carry a stored tensor's own name: the stack is then what the name reads."""
 
     parts: tuple[str, ...]
     interleave: int = 1
+    kind: str = "rows"
+
+
+# E2M1 (MXFP4's element type): the value of each 4-bit code, the sign in the top bit
+_FP4 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 
 
 class WeightStore:
@@ -88,7 +99,10 @@ class WeightStore:
                         hint="rebuild this stage: `--rebuild convert`",
                     )
                 refs[name] = TensorRef(e["file"], e["key"], meta["dtype"], tuple(meta["shape"]))
-            stacks = {n: Stack(tuple(v["parts"]), int(v["interleave"])) for n, v in data.get("stacks", {}).items()}
+            stacks = {
+                n: Stack(tuple(v["parts"]), int(v["interleave"]), str(v.get("kind", "rows")))
+                for n, v in data.get("stacks", {}).items()
+            }
             missing = sorted(p for st in stacks.values() for p in st.parts if p not in refs)
             if missing:
                 raise CheckpointError(
@@ -112,6 +126,12 @@ class WeightStore:
         st = self.stacks.get(name)
         if st is None:
             return self.refs[name].shape
+        if st.kind == "transpose":
+            slabs, cols, rows = self.refs[st.parts[0]].shape
+            return (slabs, rows, cols)
+        if st.kind == "mxfp4":
+            slabs, rows, groups, width = self.refs[st.parts[0]].shape
+            return (slabs, rows, groups * width * 2)
         rows, *rest = self.refs[st.parts[0]].shape
         return (len(st.parts) // st.interleave, rows * st.interleave, *rest)
 
@@ -120,17 +140,21 @@ class WeightStore:
 
     def get(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
         """One tensor, a fresh CPU copy (converted to `dtype` when given)."""
-        from safetensors import SafetensorError
 
         if name in self.stacks:
             import torch
 
             return torch.cat(list(self.iter_rows(name, dtype)))
+        return self._stored(name, dtype)
+
+    def _stored(self, name: str, dtype=None, index: int | None = None) -> torch.Tensor:
+        """A tensor as stored (not a stack's view of it); `index`: only its slab `index` along dim 0."""
+        from safetensors import SafetensorError
 
         ref = self.refs[name]
         try:
             handle = self._handle(ref.file)
-            tensor = handle.get_tensor(ref.key)
+            tensor = handle.get_tensor(ref.key) if index is None else handle.get_slice(ref.key)[index : index + 1]
         except SafetensorError as exc:
             raise CheckpointError(f"corrupt safetensors file {self.root / ref.file}: {exc}", hint=_HINT) from None
         return tensor if dtype is None or tensor.dtype == dtype else tensor.to(dtype)
@@ -149,7 +173,7 @@ class WeightStore:
 
         if name in self.stacks:  # one slab (expert) at a time
             st = self.stacks[name]
-            slabs = len(st.parts) // st.interleave
+            slabs = self.shape(name)[0]
             for i in range(slabs if rows is None else min(rows, slabs)):
                 yield self._slab(st, i, dtype)
             return
@@ -171,7 +195,11 @@ class WeightStore:
     def _slab(self, st: Stack, i: int, dtype) -> torch.Tensor:
         import torch
 
-        group = [self.get(p, dtype) for p in st.parts[i * st.interleave : (i + 1) * st.interleave]]
+        if st.kind == "transpose":
+            return self._stored(st.parts[0], dtype, index=i).transpose(1, 2).contiguous()
+        if st.kind == "mxfp4":
+            return _mxfp4(self._stored(st.parts[0], index=i), self._stored(st.parts[1], index=i), dtype)
+        group = [self._stored(p, dtype) for p in st.parts[i * st.interleave : (i + 1) * st.interleave]]
         rows, cols = group[0].shape
         return torch.stack(group, dim=1).reshape(1, rows * st.interleave, cols)
 
@@ -190,6 +218,17 @@ class WeightStore:
         self._handles.clear()
 
 
+def _mxfp4(blocks: torch.Tensor, scales: torch.Tensor, dtype) -> torch.Tensor:
+    """Blocks [1, rows, groups, 16] and scales [1, rows, groups] to values [1, rows, groups * 32] (exact in
+    float32: an E2M1 value times a power of two)."""
+    import torch
+
+    lut = torch.tensor(_FP4, dtype=torch.float32)
+    codes = torch.stack((blocks & 0x0F, blocks >> 4), dim=-1).flatten(-2).long()  # low nibble first
+    values = torch.ldexp(lut[codes], scales.to(torch.int32)[..., None] - 127)
+    return values.flatten(-2).to(dtype or torch.float32)
+
+
 def _header(path: Path) -> dict[str, Any]:
     raw = json.loads(ckpt.read_safetensors_header(path))
     raw.pop("__metadata__", None)
@@ -203,7 +242,9 @@ def write_index(root: Path, entries: dict[str, tuple[str, str]], stacks: dict[st
         "tensors": {name: {"file": f, "key": k} for name, (f, k) in sorted(entries.items())},
     }
     if stacks:
-        data["stacks"] = {n: {"parts": list(s.parts), "interleave": s.interleave} for n, s in sorted(stacks.items())}
+        data["stacks"] = {
+            n: {"parts": list(s.parts), "interleave": s.interleave, "kind": s.kind} for n, s in sorted(stacks.items())
+        }
     (Path(root) / WEIGHTS_INDEX).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
 
 

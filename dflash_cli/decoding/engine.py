@@ -159,6 +159,8 @@ class Engine:
 
     def _templated(self, messages: list[dict], enable_thinking: bool) -> list[int]:
         kwargs = {"enable_thinking": enable_thinking} if self.recipe.family == "qwen3" else {}
+        if self.recipe.family == "gpt_oss" and self.recipe.run.reasoning_effort:  # harmony's system line
+            kwargs["reasoning_effort"] = self.recipe.run.reasoning_effort
         text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 

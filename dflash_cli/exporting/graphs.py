@@ -178,11 +178,12 @@ def _one_layer_stand_in(gname, module, hf_config, src: Path, options: ExportOpti
 
 
 def _mixed_layers(module) -> bool:
-    """A hybrid target (linear and full attention), or a MoE target with some dense MLP layers."""
+    """A hybrid target (linear and full attention), a MoE target with some dense MLP layers, or windows that differ."""
     from dflash_cli.modeling.hybrid_target import HybridCacheTarget
 
     sparse = len(getattr(module.spec, "sparse_layers", ()))
-    return isinstance(module, HybridCacheTarget) or 0 < sparse < module.spec.num_layers
+    windows = set(getattr(module.spec, "windows", ()))  # gpt-oss: sliding-window and full layers alternate
+    return isinstance(module, HybridCacheTarget) or 0 < sparse < module.spec.num_layers or len(windows) > 1
 
 
 def layer_plan(gname: str, module) -> LayerPlan:
@@ -199,7 +200,9 @@ def graph_facts(gname: str, module, shape: PairShape, flavour: str = "") -> dict
     """What export.json records of one graph (io names, cache geometry, the seq_len of each call kind)."""
     ins, outs = module.io_names()
     spec = module.spec if gname == "target" else None
+    windows = list(getattr(spec, "windows", ()) or ())  # gpt-oss sliding-window layers: the compile fuses with them
     return {
+        **({"attention_windows": windows} if windows else {}),
         "onnx": f"{gname}{flavour}.onnx",
         "cache": "prefix" if flavour else "static",
         "inputs": ins,

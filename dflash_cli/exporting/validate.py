@@ -204,7 +204,8 @@ def _hf_model(cfg, target):
         hf = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     from dflash_cli.modeling.moe import to_hf_state
 
-    state = to_hf_state({k: v for k, v in target.state_dict().items() if not k.startswith(("dflash.", "rotary."))})
+    state = {k: v for k, v in target.state_dict().items() if not k.startswith(("dflash.", "rotary."))}
+    state = to_hf_state(state, cfg.model_type)
     missing, unexpected = hf.load_state_dict(state, strict=False, assign=True)
     if getattr(cfg, "tie_word_embeddings", False):
         hf.lm_head.weight = hf.model.embed_tokens.weight

@@ -18,6 +18,8 @@ class Family:
     hybrid: bool = False
     # Sparse mixture-of-experts MLPs (modeling/moe.py) in the layers modeling.moe.sparse_layers names
     moe: bool = False
+    # Sliding-window attention layers (config `layer_types`), computed with their window
+    sliding: bool = False
 
 
 FAMILIES: dict[str, Family] = {
@@ -25,6 +27,9 @@ FAMILIES: dict[str, Family] = {
     "llama": Family("llama", qk_norm=False, default_mask_token_id=128002),
     # Qwen3-MoE (Qwen3-Coder-30B-A3B, Qwen3-30B-A3B): Qwen3 attention, routed experts without a shared one.
     "qwen3_moe": Family("qwen3_moe", qk_norm=True, default_mask_token_id=151669, moe=True),
+    # gpt-oss (20b, 120b): attention sinks, every other layer a 128-token window, biased projections, YaRN;
+    # every MLP routed experts. The published drafts' configs name their mask token.
+    "gpt_oss": Family("gpt_oss", qk_norm=False, default_mask_token_id=None, moe=True, sliding=True),
     # Qwen3.5 / Qwen3.6 dense: Gated DeltaNet layers, every fourth layer gated full attention (text path).
     "qwen3_5": Family(
         "qwen3_5", qk_norm=True, default_mask_token_id=248070, model_types=("qwen3_5", "qwen3_5_text"), hybrid=True

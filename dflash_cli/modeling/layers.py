@@ -114,7 +114,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 MASKED_SCORE = -65504.0
 
 
-def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+def grouped_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor, sinks: torch.Tensor | None = None
+) -> torch.Tensor:
     """Attention with grouped KV heads, without materialising repeated K/V.
 
     q [b, h, s, d]; k, v [b, kvh, t, d]; visible bool [b, 1, s, t]. Returns [b, s, h*d].
@@ -131,7 +133,11 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible
     scores = scores.reshape(b, kvh, groups, s, t)
     mask = visible[:, :, None]  # [b, 1, 1, s, t]
     scores = torch.where(mask, scores, MASKED_SCORE)  # a scalar: no full-size constant per call
-    probs = torch.softmax(scores, dim=-1).reshape(b, kvh, groups * s, t)
+    if sinks is None:
+        probs = torch.softmax(scores, dim=-1).reshape(b, kvh, groups * s, t)
+    else:  # gpt-oss: one more logit per head in the softmax, whose share of attention goes nowhere
+        sink = sinks.to(scores.dtype).reshape(1, kvh, groups, 1, 1).expand(b, kvh, groups, s, 1)
+        probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :t].reshape(b, kvh, groups * s, t)
     # A slot is live when some query sees it (mean, not any/max: ReduceMax is not on the QAIC allow-list).
     live = (visible.to(probs.dtype).mean(dim=2) > 0)[..., None]  # [b, 1, t, 1]
     v = torch.where(live, v, 0.0)

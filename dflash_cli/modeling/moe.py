@@ -22,9 +22,20 @@ DOMAIN = "com.microsoft"
 
 @torch.library.custom_op("dflash::moe", mutates_args=())
 def moe(
-    x: torch.Tensor, logits: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, k: int, renormalize: bool
+    x: torch.Tensor,
+    logits: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    gate_up_bias: torch.Tensor | None,
+    down_bias: torch.Tensor | None,
+    k: int,
+    renormalize: bool,
+    act: list[float],
 ) -> torch.Tensor:
-    """x [tokens, hidden], logits [tokens, experts] -> [tokens, hidden]."""
+    """x [tokens, hidden], logits [tokens, experts] -> [tokens, hidden]. `act` = (alpha, beta, limit) of the
+    gated activation min(g, limit) * sigmoid(alpha * min(g, limit)) * (clamp(u, -limit, limit) + beta): SiLU
+    gating is (1, 0, inf); gpt-oss's is (1.702, 1, 7)."""
+    alpha, beta, limit = act
     probs = torch.softmax(logits.float(), dim=-1)
     weights, chosen = torch.topk(probs, k, dim=-1)
     if renormalize:
@@ -34,14 +45,22 @@ def moe(
     for slot in range(k):  # one expert per token at a time: a gather of [tokens, 2*inter, hidden], not k of them
         e = chosen[:, slot]
         gu = torch.bmm(gate_up[e], x[:, :, None])[..., 0]
-        act = nn.functional.silu(gu[:, 0::2]) * gu[:, 1::2]
-        out = out + weights[:, slot, None] * torch.bmm(down[e], act[:, :, None])[..., 0]
+        if gate_up_bias is not None:
+            gu = gu + gate_up_bias[e]
+        g, u = gu[:, 0::2].clamp(max=limit), gu[:, 1::2].clamp(min=-limit, max=limit)
+        y = torch.bmm(down[e], (g * torch.sigmoid(alpha * g) * (u + beta))[:, :, None])[..., 0]
+        if down_bias is not None:
+            y = y + down_bias[e]
+        out = out + weights[:, slot, None] * y
     return out
 
 
 @moe.register_fake
-def _(x, logits, gate_up, down, k, renormalize):
+def _(x, logits, gate_up, down, gate_up_bias, down_bias, k, renormalize, act):
     return torch.empty_like(x)
+
+
+SILU_GATE = [1.0, 0.0, float("inf")]  # Qwen's experts: silu(g) * u
 
 
 def _register_schema() -> None:
@@ -62,6 +81,7 @@ def _register_schema() -> None:
         param("fc1_experts_weights", "T"),
         param("fc1_experts_bias", "T", param_option=opt.Optional),
         param("fc2_experts_weights", "T"),
+        param("fc2_experts_bias", "T", param_option=opt.Optional),
     ]
     attrs = [
         attr("k", kind.INT, ""),
@@ -70,6 +90,7 @@ def _register_schema() -> None:
         attr("swiglu_fusion", kind.INT, ""),
         attr("activation_alpha", kind.FLOAT, ""),
         attr("activation_beta", kind.FLOAT, ""),
+        attr("swiglu_limit", kind.FLOAT, ""),
     ]
     schema = OpSchema(
         "MoE",
@@ -91,7 +112,7 @@ def onnx_translations() -> dict:
     _register_schema()
     ms = onnxscript.values.Opset(DOMAIN, 1)
 
-    def translate(x, logits, gate_up, down, k: int, renormalize: bool):
+    def translate(x, logits, gate_up, down, gate_up_bias, down_bias, k: int, renormalize: bool, act: list[float]):
         # ONNX Runtime's kernels sum a token's k expert outputs in an order that depends on the other tokens
         # of the call (per-thread partial sums over experts; measured with 128 experts, 8 per token), and
         # take another path for an expert that got a single row than for one that got several. So the
@@ -120,18 +141,22 @@ def onnx_translations() -> dict:
         chosen = op.Equal(op.Gather(probs, token_of_row, axis=0), op.Reshape(top, op.Constant(value_ints=[-1, 1])))
         on, off = op.CastLike(op.Constant(value_float=0.0), x), op.CastLike(op.Constant(value_float=-1.0), x)
         one_hot = op.Where(chosen, on, off)  # in the graph's float type (an fp16 export too)
+        alpha, beta, limit = act
+        limits = {"swiglu_limit": limit} if limit != float("inf") else {}
         y = ms.MoE(
             op.Concat(rows, rows, axis=0),
             op.Concat(one_hot, one_hot, axis=0),
             gate_up,
-            None,
+            gate_up_bias,
             down,
+            down_bias,
             k=1,
             activation_type="swiglu",
             normalize_routing_weights=1,
             swiglu_fusion=1,
-            activation_alpha=1.0,
-            activation_beta=0.0,
+            activation_alpha=alpha,
+            activation_beta=beta,
+            **limits,
         )
         first, _ = op.Split(y, axis=0, num_outputs=2)
         per_slot = op.Mul(
@@ -147,11 +172,14 @@ def onnx_translations() -> dict:
     return {torch.ops.dflash.moe.default: translate}
 
 
-def to_hf_state(state: dict) -> dict:
-    """Our tensors under Hugging Face's layout (transformers 5 fuses gate and up as [gate | up], not interleaved)."""
+def to_hf_state(state: dict, model_type: str = "") -> dict:
+    """Our tensors under Hugging Face's layout: transformers 5 fuses Qwen's gate and up as [gate | up], not
+    interleaved; gpt-oss keeps them interleaved, both expert weights transposed."""
     out = dict(state)
     for k, v in state.items():
-        if k.endswith("mlp.experts.gate_up_proj"):
+        if model_type == "gpt_oss" and k.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj")):
+            out[k] = v.transpose(1, 2)
+        elif k.endswith("mlp.experts.gate_up_proj"):
             e, rows, cols = v.shape
             out[k] = v.view(e, rows // 2, 2, cols).transpose(1, 2).reshape(e, rows, cols)
     return out
@@ -195,11 +223,52 @@ class SparseMoe(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
         logits = nn.functional.linear(flat, self.gate.weight)
+        experts = self.experts
         out = torch.ops.dflash.moe(
-            flat, logits, self.experts.gate_up_proj, self.experts.down_proj, self.top_k, self.renormalize
+            flat, logits, experts.gate_up_proj, experts.down_proj, None, None, self.top_k, self.renormalize, SILU_GATE
         )
         if hasattr(self, "shared_expert"):
             out = out + torch.sigmoid(self.shared_expert_gate(flat)) * self.shared_expert(flat)
+        return out.reshape(x.shape)
+
+
+class GptOssExperts(nn.Module):
+    """gpt-oss's experts with their biases; stored in Hugging Face's layout transposed ([E, hidden, 2*inter],
+    gate and up interleaved), held here as ONNX Runtime takes them ([E, 2*inter, hidden]: weights.Stack)."""
+
+    def __init__(self, hidden: int, inter: int, experts: int) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Parameter(torch.empty(experts, 2 * inter, hidden))
+        self.gate_up_proj_bias = nn.Parameter(torch.empty(experts, 2 * inter))
+        self.down_proj = nn.Parameter(torch.empty(experts, hidden, inter))
+        self.down_proj_bias = nn.Parameter(torch.empty(experts, hidden))
+
+
+class GptOssRouter(nn.Module):
+    def __init__(self, hidden: int, experts: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(experts, hidden))
+        self.bias = nn.Parameter(torch.empty(experts))
+
+
+class GptOssMoe(nn.Module):
+    """gpt-oss's MLP (`mlp.router.*`, `mlp.experts.*`): softmax over the top-k router logits (the same weights
+    as the softmax over all, renormalised over the top k), clamped gated activation, biases."""
+
+    def __init__(self, hidden: int, inter: int, experts: int, top_k: int, alpha: float, limit: float) -> None:
+        super().__init__()
+        self.router = GptOssRouter(hidden, experts)
+        self.experts = GptOssExperts(hidden, inter, experts)
+        self.top_k = top_k
+        self.act = [float(alpha), 1.0, float(limit)]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        logits = nn.functional.linear(flat, self.router.weight, self.router.bias)
+        e = self.experts
+        out = torch.ops.dflash.moe(
+            flat, logits, e.gate_up_proj, e.down_proj, e.gate_up_proj_bias, e.down_proj_bias, self.top_k, True, self.act
+        )
         return out.reshape(x.shape)
 
 
@@ -212,18 +281,24 @@ def num_experts(cfg) -> int:
 
 
 def sparse_layers(cfg) -> list[int]:
-    """Indices of the layers whose MLP is the sparse block (Hugging Face's rule for Qwen3-MoE); `cfg` a
-    config object or its dict."""
+    """Indices of the layers whose MLP is the sparse block (Hugging Face's rule for Qwen3-MoE; every layer of
+    gpt-oss); `cfg` a config object or its dict."""
     get = cfg.get if isinstance(cfg, dict) else lambda k, d=None: getattr(cfg, k, d)
+    if get("model_type") == "gpt_oss":
+        return list(range(int(get("num_hidden_layers"))))
     experts, step = num_experts(cfg), int(get("decoder_sparse_step", 1) or 1)
     dense = set(get("mlp_only_layers", None) or [])
     return [i for i in range(int(get("num_hidden_layers"))) if experts > 0 and i not in dense and (i + 1) % step == 0]
 
 
 def checkpoint_stacks(cfg: dict, store) -> dict:
-    """weights.Stack per stacked expert tensor of a Qwen3-MoE checkpoint (per-expert keys, as published)."""
+    """weights.Stack per stacked expert tensor of a MoE checkpoint: Qwen's per-expert keys, as published, or
+    gpt-oss's fused tensors in Hugging Face's transposed layout."""
     from dflash_cli.errors import CheckpointError
     from dflash_cli.weights import Stack
+
+    if cfg.get("model_type") == "gpt_oss":
+        return _gpt_oss_stacks(cfg, store)
 
     experts = num_experts(cfg)
     out = {}
@@ -243,6 +318,27 @@ def checkpoint_stacks(cfg: dict, store) -> dict:
                     hint="the checkpoint is corrupt",
                 )
             out[name] = Stack(parts, interleave)
+    return out
+
+
+def _gpt_oss_stacks(cfg: dict, store) -> dict:
+    from dflash_cli.errors import CheckpointError
+    from dflash_cli.weights import Stack
+
+    out = {}
+    for layer in range(int(cfg["num_hidden_layers"])):
+        for w in ("gate_up_proj", "down_proj"):
+            name = f"model.layers.{layer}.mlp.experts.{w}"
+            blocks, scales = f"{name}_blocks", f"{name}_scales"
+            if blocks in store and scales in store:  # MXFP4, as published: already [E, out, in]
+                out[name] = Stack((blocks, scales), kind="mxfp4")
+            elif name in store and len(store.shape(name)) == 3:  # bf16 as transformers saves it: [E, in, out]
+                out[name] = Stack((name,), kind="transpose")
+            else:
+                raise CheckpointError(
+                    f"target layer {layer} has no {w} expert tensor ({name}, or its MXFP4 _blocks and _scales)",
+                    hint="the checkpoint is incomplete or not a gpt-oss checkpoint",
+                )
     return out
 
 

@@ -43,6 +43,10 @@ class TargetSpec:
     top_k: int = 0
     expert_intermediate: int = 0
     renormalize: bool = True
+    # gpt-oss: attention sinks, per-layer windows (None: full attention), its own experts
+    sinks: bool = False
+    windows: tuple[int | None, ...] = ()
+    expert_act: tuple[float, float] = (1.0, float("inf"))  # gated activation's alpha, limit (gpt-oss)
 
     @classmethod
     def from_hf(cls, cfg) -> TargetSpec:
@@ -60,19 +64,27 @@ class TargetSpec:
             attention_bias=bool(getattr(cfg, "attention_bias", False)),
             mlp_bias=bool(getattr(cfg, "mlp_bias", False)),
             **(_moe_fields(cfg) if fam.moe else {}),
+            **(_window_fields(cfg) if fam.sliding else {}),
         )
 
 
 def _moe_fields(cfg) -> dict:
-    from dflash_cli.modeling.moe import sparse_layers
+    from dflash_cli.modeling.moe import num_experts, sparse_layers
 
+    gpt_oss = cfg.model_type == "gpt_oss"
     return {
         "sparse_layers": tuple(sparse_layers(cfg)),
-        "experts": cfg.num_experts,
+        "experts": num_experts(cfg),
         "top_k": cfg.num_experts_per_tok,
-        "expert_intermediate": cfg.moe_intermediate_size,
-        "renormalize": bool(cfg.norm_topk_prob),
+        "expert_intermediate": cfg.intermediate_size if gpt_oss else cfg.moe_intermediate_size,
+        "renormalize": True if gpt_oss else bool(cfg.norm_topk_prob),
+        **({"sinks": True, "expert_act": (cfg.swiglu_alpha, cfg.swiglu_limit)} if gpt_oss else {}),
     }
+
+
+def _window_fields(cfg) -> dict:
+    kinds = list(getattr(cfg, "layer_types", None) or [])[: cfg.num_hidden_layers]
+    return {"windows": tuple(cfg.sliding_window if k == "sliding_attention" else None for k in kinds)}
 
 
 class TargetAttention(nn.Module):
@@ -86,6 +98,8 @@ class TargetAttention(nn.Module):
         self.o_proj = nn.Linear(spec.heads * d, h, bias=spec.attention_bias)
         self.q_norm = RMSNorm(d, spec.eps) if spec.qk_norm else nn.Identity()
         self.k_norm = RMSNorm(d, spec.eps) if spec.qk_norm else nn.Identity()
+        if spec.sinks:  # gpt-oss: a learnt logit per head that takes part of the softmax and no value
+            self.sinks = nn.Parameter(torch.empty(spec.heads))
         self.prefix_cache = False  # see StaticCacheTarget.use_prefix_cache
 
     def forward(self, x, cos, sin, positions, visible, past_k, past_v):
@@ -94,12 +108,13 @@ class TargetAttention(nn.Module):
         k = self.k_norm(self.k_proj(x).view(b, s, self.kv_heads, self.head_dim)).transpose(1, 2)
         v = self.v_proj(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        sinks = getattr(self, "sinks", None)
         if self.prefix_cache:
             (new_k, keep_k), (new_v, keep_v) = append_cache(past_k, k), append_cache(past_v, v)
-            return self.o_proj(grouped_attention(q, new_k, new_v, visible)), keep_k, keep_v
+            return self.o_proj(grouped_attention(q, new_k, new_v, visible, sinks)), keep_k, keep_v
         new_k = write_cache(past_k, positions, k)
         new_v = write_cache(past_v, positions, v)
-        out = grouped_attention(q, new_k, new_v, visible)
+        out = grouped_attention(q, new_k, new_v, visible, sinks)
         return self.o_proj(out), new_k, new_v
 
 
@@ -109,7 +124,11 @@ class TargetLayer(nn.Module):
         self.input_layernorm = RMSNorm(spec.hidden, spec.eps)
         self.self_attn = TargetAttention(spec)
         self.post_attention_layernorm = RMSNorm(spec.hidden, spec.eps)
-        if index in spec.sparse_layers:
+        if index in spec.sparse_layers and spec.sinks:
+            from dflash_cli.modeling.moe import GptOssMoe
+
+            self.mlp = GptOssMoe(spec.hidden, spec.expert_intermediate, spec.experts, spec.top_k, *spec.expert_act)
+        elif index in spec.sparse_layers:
             from dflash_cli.modeling.moe import SparseMoe
 
             self.mlp = SparseMoe(spec.hidden, spec.expert_intermediate, spec.experts, spec.top_k, spec.renormalize)
@@ -178,8 +197,14 @@ class StaticCacheTarget(nn.Module):
         x = self.model.embed_tokens(input_ids)
         taps, retained = {}, []
         last = self.spec.num_layers - 1 if self.normed_tap is None else self.normed_tap
+        # A sliding-window layer sees only the last `window` positions (gpt-oss); its cache still has every slot.
+        windowed = {
+            w: visible & (slots[None, None, :] > position_ids[:, :, None] - w)[:, None]
+            for w in set(self.spec.windows) - {None}
+        }
         for i, layer in enumerate(self.model.layers):
-            x, k, v = layer(x, cos, sin, position_ids, visible, past[2 * i], past[2 * i + 1])
+            seen = windowed[self.spec.windows[i]] if self.spec.windows and self.spec.windows[i] else visible
+            x, k, v = layer(x, cos, sin, position_ids, seen, past[2 * i], past[2 * i + 1])
             retained += [k, v]
             if i in self.layer_ids and i != last:
                 taps[i] = x

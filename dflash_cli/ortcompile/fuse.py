@@ -46,7 +46,7 @@ class FuseResult:
     skipped: list[str] = field(default_factory=list)  # what was left as it was, with the reason
 
 
-def fuse_graph(src: Path, dst: Path, attention: bool = False) -> FuseResult:
+def fuse_graph(src: Path, dst: Path, attention: bool = False, windows: list | None = None) -> FuseResult:
     """Rewrite `src` (weights stay in its external data, referenced by the same relative path) into `dst`.
 
     `attention`: also rewrite the attention (a prefix-cache target graph; see ortcompile/gqa.py)."""
@@ -60,7 +60,7 @@ def fuse_graph(src: Path, dst: Path, attention: bool = False) -> FuseResult:
     if attention:
         from dflash_cli.ortcompile.gqa import rewrite_attention
 
-        gqa = rewrite_attention(model, src.parent)
+        gqa = rewrite_attention(model, src.parent, windows)
         result.attention = gqa.layers
         result.merged_pads = gqa.merged_pads
         result.skipped += [f"attention: {why}" for why in gqa.skipped]

@@ -52,6 +52,9 @@ class GqaResult:
     skipped: list[str] = field(default_factory=list)  # why the graph (or a layer) was left as it was
 
 
+_SINKS = re.compile(r"layers\.(\d+)\.self_attn\.sinks$")
+
+
 def kernel_refusal(head_dim: int, heads: int | None = None, kv_heads: int | None = None) -> str | None:
     """Why ONNX Runtime's GroupQueryAttention (RoPE inside) would refuse these shapes, or None."""
     if head_dim % ROTARY_HEAD_DIM_MULTIPLE:
@@ -64,8 +67,9 @@ def kernel_refusal(head_dim: int, heads: int | None = None, kv_heads: int | None
     return None
 
 
-def rewrite_attention(model, base_dir: Path) -> GqaResult:
-    """Rewrite `model` (an onnx ModelProto of a prefix-cache target, external data not loaded) in place."""
+def rewrite_attention(model, base_dir: Path, windows: list[int | None] | None = None) -> GqaResult:
+    """Rewrite `model` (an onnx ModelProto of a prefix-cache target, external data not loaded) in place;
+    `windows`: each layer's sliding window (None: full attention), as export.json records it (gpt-oss)."""
     from onnx import TensorProto, helper, numpy_helper
 
     from dflash_cli.exporting.onnx_data import read_initializer
@@ -111,6 +115,11 @@ def rewrite_attention(model, base_dir: Path) -> GqaResult:
     if any(n.startswith("past_delta") for n in plain_inputs):
         # Its gated, partially rotated attention is not the pattern matched here; its exported form is kept.
         result.skipped.append("a hybrid linear-attention target (gated attention with partial RoPE)")
+        return result
+    # gpt-oss: each layer's attention sinks (the kernel's head_sink) and window (its local_window_size)
+    sinks = {int(m.group(1)): t.name for t in graph.initializer if (m := _SINKS.search(t.name))}
+    if sinks and windows is None:
+        result.skipped.append("attention sinks without the export's attention_windows (export.json)")
         return result
     # A draft (context_features, ...) attends over its block in both directions: not causal, left alone.
     if not layers or plain_inputs != {"input_ids", "position_ids"}:
@@ -219,7 +228,8 @@ def rewrite_attention(model, base_dir: Path) -> GqaResult:
             helper.make_node(
                 "GroupQueryAttention",
                 [*padded, f"past_key.{i}", f"past_value.{i}", "gqa.seqlens_k", "gqa.total_len"]
-                + [names["cos"], names["sin"]],
+                + [names["cos"], names["sin"]]
+                + (["", "", sinks[i]] if i in sinks else []),
                 [out + "_rows", f"present_key.{i}", f"present_value.{i}"],
                 name=f"layers.{i}.GroupQueryAttention",
                 domain="com.microsoft",
@@ -227,6 +237,7 @@ def rewrite_attention(model, base_dir: Path) -> GqaResult:
                 kv_num_heads=kv_heads,
                 do_rotary=1,
                 scale=float(head_dim**-0.5),
+                **({"local_window_size": windows[i]} if windows and windows[i] else {}),
             )
         )
         nodes.append(helper.make_node("Slice", [out + "_rows", "gqa.zero", "gqa.seq_len", "gqa.one"], [out]))

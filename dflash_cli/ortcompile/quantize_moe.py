@@ -78,7 +78,8 @@ def quantize_experts(
         attrs |= {"expert_weight_bits": bits, "block_size": block_size, "accuracy_level": accuracy_level}
         q = helper.make_node(
             "QMoE",
-            [node.input[0], node.input[1], w1.name, s1.name, "", w2.name, s2.name, ""],
+            # MoE inputs: x, router, fc1, fc1 bias, fc2, fc2 bias; QMoE's: x, router, fc1, its scales, fc1 bias, ...
+            [node.input[0], node.input[1], w1.name, s1.name, _input(node, 3), w2.name, s2.name, _input(node, 5)],
             list(node.output),
             name=(node.name or node.output[0]) + "_q",
             domain="com.microsoft",
@@ -87,3 +88,7 @@ def quantize_experts(
         replaced[id(node)] = (q, [w1, s1, w2, s2])
         progress(f"experts of {i + 1}/{len(nodes)} layers to int{bits}")
     return replaced, dropped
+
+
+def _input(node, index: int) -> str:
+    return node.input[index] if len(node.input) > index else ""

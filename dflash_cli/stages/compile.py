@@ -224,7 +224,8 @@ def _compile_ort(ctx: StageContext) -> dict[str, Any]:
             fused = path.with_name(path.stem + ".fused.onnx")
             # Only the prefix-cache target: its attention is causal (the draft's block attention is not) and
             # the host session of a prefix graph can own in-place buffers (static graphs keep their convention).
-            result = fuse_graph(path, fused, attention=gname == "target_prefix" and ort_cfg.fuse_attention)
+            attention = gname == "target_prefix" and ort_cfg.fuse_attention
+            result = fuse_graph(path, fused, attention=attention, windows=g.get("attention_windows"))
             facts[f"{gname}_fused"] = {
                 "rmsnorm": result.norms,
                 "v_guard": result.v_guards,

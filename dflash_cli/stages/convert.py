@@ -183,11 +183,13 @@ def _check_layer_kinds(path: Path, cfg: dict[str, Any], role: str) -> None:
     allowed = {"full_attention"}
     if role == "target" and _family_has(cfg.get("model_type"), "hybrid"):
         allowed.add("linear_attention")
+    if role == "target" and _family_has(cfg.get("model_type"), "sliding"):
+        allowed.add("sliding_attention")
     other = [i for i, k in enumerate(kinds) if k not in allowed]
     if other:
         kind = kinds[other[0]]
         window = f" (window {cfg.get('sliding_window')})" if "sliding" in str(kind) else ""
-        supported = "full and linear attention is" if len(allowed) > 1 else "full attention is"
+        supported = " and ".join(sorted(a.removesuffix("_attention") for a in allowed)) + " attention is"
         raise CheckpointError(
             f"{role} layer {other[0]} is {kind!r}{window} and {len(other)} layer(s) in all: only "
             f"{supported} supported: {path / ckpt.CONFIG_FILE}",

@@ -1,7 +1,9 @@
-"""Mixture-of-experts targets end to end: tiny random Qwen3-MoE pairs (every layer sparse, and every other
-layer dense) and a Qwen3.5-MoE pair (hybrid linear attention, routed plus shared experts), built by the real
-pipeline, against Hugging Face's own `generate`, in every mode, on the prefix-cache graphs ONNX Runtime runs
-and on the static graphs; the experts of a call computed per token whatever shares the call."""
+"""Mixture-of-experts targets end to end, built by the real pipeline, against Hugging Face's own `generate`, in
+every mode, on the prefix-cache graphs ONNX Runtime runs and on the static graphs: tiny random Qwen3-MoE pairs
+(every layer sparse, and every other layer dense), a Qwen3.5-MoE pair (hybrid linear attention, routed plus
+shared experts) and gpt-oss pairs (attention sinks, an 8-token window on every other layer, biased experts;
+as transformers saves it, and as published, MXFP4). The experts of a call are computed per token whatever
+shares the call."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ NEW_TOKENS = 20
 MODES = ("plain", "dflash", "lookup", "hybrid")
 
 
-@pytest.fixture(scope="module", params=["qwen3_moe", "qwen3_moe_mixed", "qwen3_5_moe"])
+@pytest.fixture(scope="module", params=["qwen3_moe", "qwen3_moe_mixed", "qwen3_5_moe", "gpt_oss"])
 def built(request, tmp_path_factory):
     """(engines, Hugging Face model, build root): the engine as built (prefix-cache graphs) and one on the
     static graphs."""
@@ -30,7 +32,7 @@ def built(request, tmp_path_factory):
 @pytest.mark.slow
 def test_every_mode_equals_hf_generate(built) -> None:
     engines, hf, _ = built
-    assert type(hf).__name__ in ("Qwen3MoeForCausalLM", "Qwen3_5MoeForCausalLM")
+    assert type(hf).__name__ in ("Qwen3MoeForCausalLM", "Qwen3_5MoeForCausalLM", "GptOssForCausalLM")
     forms = dict(zip(("prefix", "static"), engines))
     assert_every_mode_equals_hf(forms, hf, mixed_prompts(hf.config.vocab_size), NEW_TOKENS, MODES)
 

@@ -1,5 +1,6 @@
-"""convert on Qwen3-MoE checkpoints (one tensor per expert, as published): the experts indexed as stacked
-tensors without a byte copied, read back exactly; incomplete experts and a wrong recipe family refused."""
+"""convert on mixture-of-experts checkpoints (Qwen3-MoE, Qwen3.5-MoE, gpt-oss in both its layouts): the experts
+indexed as stacked tensors without a byte copied, read back exactly; incomplete experts and a wrong recipe
+family refused; gpt-oss's reasoning effort passed to its chat template."""
 
 from __future__ import annotations
 
@@ -91,3 +92,40 @@ def test_qwen3_5_moe_experts_and_shared_expert(layout: str, tmp_path: Path) -> N
     cfg = json.loads((tmp_path / "out" / "target" / "config.json").read_text())
     assert cfg["model_type"] == "qwen3_5_moe_text"
     assert json.loads((tmp_path / "out" / "pair.json").read_text())["family"] == "qwen3_5_moe"
+
+
+def test_gpt_oss_mxfp4_experts_read_exactly(tmp_path: Path) -> None:
+    """gpt-oss as published (MXFP4 `_blocks` / `_scales`) and as transformers saves the same model: convert reads
+    the same expert values from both, in ONNX Runtime's layout ([E, out, in], gate and up rows interleaved)."""
+    pair = make_pair(tmp_path / "pair", "gpt_oss_mxfp4")
+    reference = WeightStore.open(Path(f"{pair.target_dir}-reference"))
+    _convert(pair, tmp_path / "out")
+    store = WeightStore.open(tmp_path / "out" / "target")
+    assert store.stacks["model.layers.0.mlp.experts.gate_up_proj"].kind == "mxfp4"
+    for layer in (0, 3):
+        for w in ("gate_up_proj", "down_proj"):
+            name = f"model.layers.{layer}.mlp.experts.{w}"
+            want = reference.get(name, torch.float32).transpose(1, 2)
+            assert torch.equal(store.get(name, torch.float32), want), name
+    assert store.shape("model.layers.0.mlp.experts.gate_up_proj") == (8, 64, 64)
+    assert json.loads((tmp_path / "out" / "pair.json").read_text())["family"] == "gpt_oss"
+
+
+def test_gpt_oss_reasoning_effort_reaches_the_chat_template(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from dflash_cli.decoding.engine import Engine
+
+    class Tokenizer:
+        def apply_chat_template(self, messages, tokenize, add_generation_prompt, **kwargs):
+            return f"effort={kwargs.get('reasoning_effort')}|{messages[0]['content']}"
+
+        def __call__(self, text, add_special_tokens=True):
+            return {"input_ids": [ord(c) for c in text]}
+
+    engine = Engine.__new__(Engine)
+    engine.tokenizer = Tokenizer()
+    for family, effort, want in (("gpt_oss", "high", "effort=high|hi"), ("gpt_oss", None, "effort=None|hi"),
+                                 ("qwen3_moe", "high", "effort=None|hi")):  # fmt: skip
+        engine.recipe = SimpleNamespace(family=family, run=SimpleNamespace(reasoning_effort=effort))
+        assert "".join(map(chr, engine._templated([{"role": "user", "content": "hi"}], False))) == want

@@ -1,4 +1,4 @@
-"""A tiny Qwen3-MoE pair through the command line at the quantised precisions: experts as ONNX Runtime's QMoE,
+"""Tiny MoE pairs (Qwen3-MoE, gpt-oss) through the command line at the quantised precisions: experts as QMoE,
 `run --json` identical in every mode, `bench` lossless, each quantised expert stored once."""
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from tests.fixtures.tiny_pairs import make_pair
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("precision", ["int8", "int4"])
-def test_quantised_moe_build_runs_and_benches_losslessly(precision: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("family,precision", [("qwen3_moe", "int8"), ("qwen3_moe", "int4"), ("gpt_oss", "int4")])
+def test_quantised_moe_build_runs_and_benches_losslessly(family: str, precision: str, tmp_path: Path) -> None:
     import onnx
 
-    pair = make_pair(tmp_path / "pair", "qwen3_moe")
+    pair = make_pair(tmp_path / "pair", family)
     recipe = str(pair.write_recipe(tmp_path / "recipe.yaml", compile={"ort": {"precision": precision}}))
     common = ["-r", recipe, "--cache-dir", str(tmp_path / "cache")]
     dflash_ok("build", *common)
