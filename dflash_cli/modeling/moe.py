@@ -1,16 +1,16 @@
-"""Sparse mixture-of-experts MLP (Qwen3-MoE), exported as ONNX Runtime's `com.microsoft.MoE`.
+"""Sparse mixture-of-experts MLPs (Qwen3-MoE, Qwen3.5-MoE, gpt-oss), exported as ONNX Runtime's `com.microsoft.MoE`.
 
 The router (a Linear to one logit per expert) stays an ordinary MatMul. The experts are one custom op,
-`dflash::moe`: in PyTorch it computes exactly what Hugging Face's block does (softmax over the experts,
-top-k, optionally renormalised, SwiGLU per chosen expert, weighted sum); in the exported graph it is
-ONNX Runtime's MoE node, which computes only the experts each token chose. Both are token-local: a
-token's output depends only on its own row, so a verify block gives each position what a one-token call
-gives it (checked at build time, ortcompile/checks.py).
+`dflash::moe`: in PyTorch it computes exactly what Hugging Face's blocks do (softmax over the experts,
+top-k, optionally renormalised, the gated activation per chosen expert, weighted sum); in the exported
+graph it routes itself and hands ONNX Runtime's MoE node one row per (token, chosen expert), so only the
+chosen experts are computed and a token's output depends only on its own row (see `translate`): a verify
+block gives each position what a one-token call gives it (checked at build time, ortcompile/checks.py).
 
 Weights: `gate_up_proj` [experts, 2*inter, hidden] with gate and up rows interleaved (the layout ONNX
-Runtime's CPU kernel takes), `down_proj` [experts, hidden, inter]. The checkpoint stores one tensor per
-expert and projection; convert writes a stacked view of them (weights.py, `stacks`), so nothing is copied.
-"""
+Runtime's CPU kernel takes), `down_proj` [experts, hidden, inter]. Checkpoints store them otherwise (one
+tensor per expert and projection; gpt-oss transposed, or MXFP4); convert indexes a stacked view of them
+(weights.py, `Stack`), so nothing is copied."""
 
 from __future__ import annotations
 
