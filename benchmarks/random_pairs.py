@@ -139,6 +139,71 @@ def _qwen3_moe(layers: int = 48) -> dict:
     return cfg
 
 
+GPT_OSS_SPECIAL = {"<|startoftext|>": 199998, "<|endoftext|>": 199999, "<|mask|>": 200000, "<|return|>": 200002}
+
+
+def _gpt_oss(layers: int = 24) -> dict:
+    """gpt-oss-20b (model card / config.json): 24 layers alternating a 128-token window and full attention,
+    64 query heads and 8 KV heads of 64 with sinks and biases, YaRN; 32 experts of width 2880, 4 per token,
+    stored in MXFP4 (`quantization_config`)."""
+    return {
+        "architectures": ["GptOssForCausalLM"],
+        "model_type": "gpt_oss",
+        "hidden_size": 2880,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "intermediate_size": 2880,
+        "num_local_experts": 32,
+        "num_experts_per_tok": 4,
+        "sliding_window": 128,
+        "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)],
+        "vocab_size": 201088,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 150000,
+        "rope_scaling": {
+            "rope_type": "yarn",
+            "factor": 32.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "truncate": False,
+            "original_max_position_embeddings": 4096,
+        },
+        "max_position_embeddings": 131072,
+        "swiglu_limit": 7.0,
+        "attention_bias": True,
+        "tie_word_embeddings": False,
+        "bos_token_id": 199998,
+        "eos_token_id": 200002,
+        "pad_token_id": 199999,
+        "quantization_config": {
+            "quant_method": "mxfp4",
+            "modules_to_not_convert": [
+                "model.layers.*.self_attn",
+                "model.layers.*.mlp.router",
+                "model.embed_tokens",
+                "lm_head",
+            ],
+        },  # fmt: skip
+        "torch_dtype": "bfloat16",
+    }
+
+
+def gpt_oss_layer_shapes(c: dict, prefix: str) -> dict[str, tuple[int, ...]]:
+    """A gpt-oss layer as published: biased attention with sinks, a biased router, MXFP4 experts."""
+    H, d, E, inter = c["hidden_size"], c["head_dim"], c["num_local_experts"], c["intermediate_size"]
+    q, kv = c["num_attention_heads"] * d, c["num_key_value_heads"] * d
+    shapes = {"input_layernorm.weight": (H,), "post_attention_layernorm.weight": (H,)}
+    for w, out, inp in (("q", q, H), ("k", kv, H), ("v", kv, H), ("o", H, q)):
+        shapes |= {f"self_attn.{w}_proj.weight": (out, inp), f"self_attn.{w}_proj.bias": (out,)}
+    shapes |= {"self_attn.sinks": (c["num_attention_heads"],), "mlp.router.weight": (E, H), "mlp.router.bias": (E,)}
+    for w, out, inp in (("gate_up_proj", 2 * inter, H), ("down_proj", H, inter)):
+        e = f"mlp.experts.{w}"
+        shapes |= {e + "_blocks": (E, out, inp // 32, 16), e + "_scales": (E, out, inp // 32), e + "_bias": (E, out)}
+    return {prefix + k: v for k, v in shapes.items()}
+
+
 # name -> (target config, special tokens, draft: layers, intermediate, block, mask id, target_layer_ids)
 PAIRS = {
     "qwen3-0.6b": (_qwen3(1024, 28, 16, 3072, True), QWEN3_SPECIAL, 5, 3072, 16, 151669, [1, 7, 13, 19, 25]),
@@ -153,6 +218,8 @@ PAIRS = {
     "qwen3.5-9b-8l": (_qwen3_5(4096, 12288, False, 8), QWEN35_SPECIAL, 5, 12288, 16, 248070, [1, 2, 3, 4, 5]),
     # 4 of Qwen3-Coder-30B-A3B's 48 layers at their real widths (the whole is 61 GB of bf16, more than this disk)
     "qwen3-coder-30b-a3b-4l": (_qwen3_moe(4), QWEN3_SPECIAL, 5, 6144, 16, 151669, [0, 1, 2, 3]),
+    # 4 of gpt-oss-20b's 24 layers (its fp32 export, ~84 GB, is more than this disk holds)
+    "gpt-oss-20b-4l": (_gpt_oss(4), GPT_OSS_SPECIAL, 5, 5760, 16, 200000, [0, 1, 2, 3]),
     # and 2: the per-layer cost is the difference, for projecting the 48-layer model
     "qwen3-coder-30b-a3b-2l": (_qwen3_moe(2), QWEN3_SPECIAL, 5, 6144, 16, 151669, [0, 1, 1, 1]),
 }
@@ -241,6 +308,9 @@ def target_shapes(c: dict) -> dict[str, tuple[int, ...]]:
     H, V = c["hidden_size"], c["vocab_size"]
     shapes = {"model.embed_tokens.weight": (V, H)}
     for i in range(c["num_hidden_layers"]):
+        if c["model_type"] == "gpt_oss":
+            shapes.update(gpt_oss_layer_shapes(c, f"model.layers.{i}."))
+            continue
         layer = layer_shapes(c, f"model.layers.{i}.", c["model_type"] in ("qwen3", "qwen3_moe"))
         if c["model_type"] == "qwen3_moe":  # every layer sparse (decoder_sparse_step 1, no mlp_only_layers)
             layer = {k: v for k, v in layer.items() if ".mlp." not in k} | expert_shapes(c, f"model.layers.{i}.")
@@ -282,14 +352,18 @@ def write_sharded(shapes: dict[str, tuple[int, ...]], out: Path, seed: int) -> i
         shard = {}
         for name in names:
             shape = shapes[name]
-            if name.endswith(("A_log", "dt_bias")):  # trained values sit near these
+            if name.endswith("_blocks"):  # MXFP4: two random 4-bit codes a byte
+                shard[name] = torch.randint(0, 256, shape, generator=gen, dtype=torch.uint8)
+            elif name.endswith("_scales"):  # E8M0 exponents: 2^-7, so values up to 6/128 like a trained layer's
+                shard[name] = torch.full(shape, 120, dtype=torch.uint8)
+            elif name.endswith(("A_log", "dt_bias")):  # trained values sit near these
                 shard[name] = torch.full(shape, 0.5 if name.endswith("A_log") else 1.0, dtype=torch.bfloat16)
             elif len(shape) == 1:
                 shard[name] = torch.ones(shape, dtype=torch.bfloat16)
             else:
                 shard[name] = (torch.randn(shape, generator=gen) * 0.02).to(torch.bfloat16)
             weight_map[name] = fname
-            total += shard[name].numel() * 2
+            total += shard[name].numel() * shard[name].element_size()
         save_file(shard, str(out / fname), metadata={"format": "pt"})
         del shard
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
