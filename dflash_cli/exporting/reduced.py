@@ -26,7 +26,7 @@ from dflash_cli.exporting.torch_to_onnx import lazy_weight, save_streamed
 # Three layers: the export grows graphs from one traced layer, and three check a copy reading a copy.
 LAYERS = 3
 VOCAB = 4096  # vocabulary rows kept; hidden size, heads, ctx_len and block stay as built
-EXPERTS = 16  # a mixture-of-experts layer's experts kept (the first ones; at least as many as a token chooses)
+EXPERTS = 8  # a mixture-of-experts layer's experts kept (the first ones; at least as many as a token chooses)
 VOCAB_OUTPUTS = ("logits", "draft_logits")  # graph outputs whose last axis is the vocabulary
 GRAPHS = ("target", "draft")  # the static graphs validation runs, in this order
 PREFIX = "_reduced_"  # file names of the grown graphs beside the real ones
@@ -64,6 +64,8 @@ class ReducedPlan:
         from dflash_cli.modeling.moe import num_experts
 
         target = target_config(src, num_hidden_layers=self.layers, vocab_size=self.rows)
+        if (getattr(target, "pad_token_id", None) or 0) >= self.rows:  # gpt-oss pads with a token past the cut
+            target.pad_token_id = None
         if num_experts(target):  # experts are most of a MoE layer's bytes
             target.num_experts = min(num_experts(target), max(EXPERTS, target.num_experts_per_tok))
         return target, draft_config(src, num_hidden_layers=self.draft_layers)
