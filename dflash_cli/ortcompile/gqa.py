@@ -38,6 +38,7 @@ KV_LAYOUT_KEY = "dflash.kv_cache"
 KV_IN_PLACE = "in_place_bnsh"  # past_* / present_* share [1, kv_heads, ctx_len + SPARE_SLOTS, head_dim] buffers
 SPARE_SLOTS = 1  # for the padding row of a one-token call at the last slot (one-token calls attend as two rows)
 _PROJ = re.compile(r"layers\.(\d+)\.self_attn\.([qkvo])_proj\.weight(\.w\d+)?$")
+_SINKS = re.compile(r"layers\.(\d+)\.self_attn\.sinks$")  # gpt-oss's per-head sink logits
 # ONNX Runtime's GroupQueryAttention (CPU, 1.32) checks its inputs at the first run, not when the session is
 # created: with cos/sin caches (do_rotary=1, as here) head_size % 16 == 0 ("head_size shall be a multiple of
 # 16", CheckRotaryCaches; 16, 32, 48, 64, 80, 96, 112, 128, 256 run, 8, 24, 40, 72 are refused), without them
@@ -50,9 +51,6 @@ class GqaResult:
     layers: int = 0
     merged_pads: int = 0  # layers whose q/k/v are padded once, before the Split of their stacked projection
     skipped: list[str] = field(default_factory=list)  # why the graph (or a layer) was left as it was
-
-
-_SINKS = re.compile(r"layers\.(\d+)\.self_attn\.sinks$")
 
 
 def kernel_refusal(head_dim: int, heads: int | None = None, kv_heads: int | None = None) -> str | None:
