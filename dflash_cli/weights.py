@@ -117,7 +117,7 @@ class WeightStore:
         return cls(root, refs)
 
     def names(self) -> list[str]:
-        return [*self.refs, *self.stacks]
+        return list(dict.fromkeys([*self.refs, *self.stacks]))  # a stack may carry a stored tensor's name
 
     def __contains__(self, name: str) -> bool:
         return name in self.refs or name in self.stacks
@@ -140,7 +140,6 @@ class WeightStore:
 
     def get(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
         """One tensor, a fresh CPU copy (converted to `dtype` when given)."""
-
         if name in self.stacks:
             import torch
 
