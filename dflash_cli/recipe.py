@@ -61,6 +61,9 @@ class ExportConfig(_Section):
     dtype: Literal["fp32", "fp16"] = "fp32"
     logits: bool = False
     validate_outputs: bool = Field(default=True, alias="validate")  # `validate` shadows a BaseModel method
+    # auto: an int8/int4 ONNX Runtime build's export leaves out the checkpoint's weights (its compile reads them
+    # from the checkpoint), so the cache holds no full-precision copy; all: write them (QAIC, fp16 emulation).
+    weights: Literal["auto", "all"] = "auto"
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, serialize_by_alias=True)
 

@@ -28,6 +28,10 @@ def test_quantised_moe_build_runs_and_benches_losslessly(family: str, precision:
     assert facts["target_quantized_moe_layers"] == facts["target_prefix_quantized_moe_layers"] == 4
     assert facts["prefix_call_length_max_diff"]["tokens"] == 0.0
     assert (compile_dir / "target_prefix.onnx.q.data").stat().st_size == 0  # it points at target's experts
+    # a lean export: the experts and every other checkpoint weight are read from the checkpoint, never stored twice
+    export_dir = next((tmp_path / "cache" / "artifacts" / "export").glob("*/"))
+    stored = sum(p.stat().st_size for p in export_dir.glob("*.data"))
+    assert stored < (compile_dir / "target.onnx.q.data").stat().st_size / 4
     graph = onnx.load(str(compile_dir / "target_prefix.onnx"), load_external_data=False).graph
     qmoe = [n for n in graph.node if n.op_type == "QMoE"]
     assert len(qmoe) == 4 and not any(n.op_type == "MoE" for n in graph.node)

@@ -72,24 +72,80 @@ def test_source_reader_reads_the_checkpoint_only_while_unchanged(tmp_path: Path)
     assert reader.read(tensor) is None and not reader.prefetch(tensor)  # changed since: the export's copy
 
 
+def _compiled_weights(compile_dir: Path) -> dict[str, dict[str, np.ndarray]]:
+    """Every initializer of every compiled graph, by graph and name, wherever its bytes live."""
+    import onnx
+
+    out = {}
+    for path in sorted(compile_dir.glob("*.onnx")):
+        model = onnx.load(str(path), load_external_data=False)
+        out[path.name] = {t.name: np.array(read_initializer(t, compile_dir)) for t in model.graph.initializer}
+    return out
+
+
+def _export_bytes(export_dir: Path) -> int:
+    return sum(p.stat().st_size for p in export_dir.glob("*.data"))
+
+
 @pytest.mark.parametrize("family", ["llama"])
-def test_int4_from_the_checkpoint_equals_int4_from_the_export(family: str, request, tmp_path: Path, monkeypatch):
+def test_lean_int4_equals_int4_from_a_full_export(family: str, request, tmp_path: Path, monkeypatch):
+    """A lean export (export.weights auto: no checkpoint weights written) compiles to the very tensors a
+    full export does, read from the checkpoint; the full export compiled without the checkpoint too."""
     import json
 
     from dflash_cli.exporting import weight_sources
+    from dflash_cli.pipeline import artifact_paths
     from tests.engines import build_recipe
 
     pair = request.getfixturevalue(f"tiny_{family}_pair")
     settings = {"compile": {"ort": {"precision": "int4", "block_size": 16}}}
-    recipe, cache = build_recipe(pair, tmp_path / "checkpoint", **settings)
-    from dflash_cli.pipeline import artifact_paths
-
-    fast = artifact_paths(recipe, cache, ["compile"])["compile"]
-    facts = json.loads((fast / "compile.json").read_text())
+    recipe, cache = build_recipe(pair, tmp_path / "lean", **settings)
+    lean = artifact_paths(recipe, cache, ["export", "compile"])
+    facts = json.loads((lean["compile"] / "compile.json").read_text())
     assert facts["target_weights_read_from_checkpoint"] > 0 and facts["draft_weights_read_from_checkpoint"] > 0
+    assert json.loads((lean["export"] / "export.json").read_text())["lean"] is True
     monkeypatch.setattr(weight_sources.SourceReader, "for_graph", classmethod(lambda cls, *a: None))
-    recipe, cache = build_recipe(pair, tmp_path / "export", **settings)
-    slow = artifact_paths(recipe, cache, ["compile"])["compile"]
-    assert json.loads((slow / "compile.json").read_text())["target_weights_read_from_checkpoint"] == 0
-    for path in sorted(fast.glob("*.q.data")) + sorted(fast.glob("*.onnx")):
-        assert path.read_bytes() == (slow / path.name).read_bytes(), path.name
+    settings["export"] = {"weights": "all"}
+    recipe, cache = build_recipe(pair, tmp_path / "full", **settings)
+    full = artifact_paths(recipe, cache, ["export", "compile"])
+    assert json.loads((full["compile"] / "compile.json").read_text())["target_weights_read_from_checkpoint"] == 0
+    # the lean export holds constants only (RoPE tables): a small part of the full one
+    assert _export_bytes(lean["export"]) < _export_bytes(full["export"]) / 10
+    a, b = _compiled_weights(lean["compile"]), _compiled_weights(full["compile"])
+    assert a.keys() == b.keys()
+    for graph in a:
+        assert a[graph].keys() == b[graph].keys(), graph
+        for name, values in a[graph].items():
+            np.testing.assert_array_equal(values, b[graph][name], err_msg=f"{graph}: {name}")
+
+
+def test_lean_export_with_a_changed_checkpoint_is_a_clear_error(tiny_llama_pair, tmp_path: Path) -> None:
+    """The compile of a lean export reads the checkpoint. A changed checkpoint rebuilds the pipeline (its
+    fingerprint moves); should the export be reused anyway, the quantiser refuses in one line that names the
+    way out rather than read other values."""
+    import json
+    import os
+
+    from dflash_cli.cache import Cache
+    from dflash_cli.errors import DFlashError
+    from dflash_cli.exporting.weight_sources import SourceReader
+    from dflash_cli.ortcompile.quantize import quantize_graph
+    from dflash_cli.pipeline import artifact_paths, build
+    from dflash_cli.recipe import load_recipe
+
+    path = tiny_llama_pair.write_recipe(tmp_path / "recipe.yaml", compile={"ort": {"precision": "int8"}})
+    recipe, cache = load_recipe(str(path)), Cache(tmp_path / "cache")
+    build(recipe, cache, upto="export")
+    export = artifact_paths(recipe, cache, ["export"])["export"]
+    table = json.loads((export / "weight_sources.json").read_text())["graphs"]
+    for f in sorted({o["file"] for graph in table.values() for o in graph.values() if "file" in o}):
+        st = os.stat(f)
+        os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # the same bytes, but no longer provably so
+    out = tmp_path / "compiled"
+    out.mkdir()
+    with pytest.raises(DFlashError) as exc:
+        quantize_graph(
+            export / "target.onnx", out / "target.onnx", bits=8, block_size=16,
+            source=SourceReader.for_graph(export, "target.onnx"),
+        )  # fmt: skip
+    assert "not in the export" in str(exc.value) and "--rebuild export" in str(exc.value)

@@ -65,7 +65,7 @@ def check_command(
     from dflash_cli.readiness.memory import emulation_does_not_fit
     from dflash_cli.recipe import load_recipe
 
-    r = load_recipe(recipe, set_ or [])
+    r = load_recipe(recipe, [*(set_ or []), "export.weights=all"])  # the fp16 emulation runs the export's graphs
     cache = Cache(cache_dir)
     # Held until the check ends (the result's locks), so `dflash cache clean` leaves what it reads alone.
     result = build(r, cache, upto="compile" if fp16_prompts or bands else "export", hold=True)

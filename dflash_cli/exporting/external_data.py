@@ -5,6 +5,11 @@ export dtype), appended to `<graph>.onnx.data` and replaced by a reference, so a
 is in memory. Tensors already written by another graph (the draft's embedding and lm_head are the
 target's) are referenced in that graph's data file instead of being written twice; two names for
 one stored tensor (a tied lm_head) share one copy too.
+
+A lean export (an int8/int4 ONNX Runtime build) writes no bytes for the checkpoint's weights: they
+point at DEFERRED, a file that never exists, at offsets of their own, and the compile reads them from
+the checkpoint (weight_sources.json) when it quantises or stores them. Such a graph cannot be run as
+it is, and ONNX Runtime says so (the file is missing) rather than computing with wrong values.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ if TYPE_CHECKING:
 ALIGNMENT = 65536  # large tensors start on a 64 KiB boundary, so runtimes can memory-map them
 ALIGN_ABOVE = 1 << 20
 INLINE_BELOW = 1024  # small constants stay in the graph: shape inference must read e.g. Unsqueeze axes
+DEFERRED = "checkpoint.deferred"  # the location of a lean export's checkpoint weights (no such file)
 
 
 @dataclass
@@ -27,6 +33,12 @@ class WrittenTensors:
     """Where each source tensor went: identity -> (data file name, offset, length)."""
 
     places: dict[Hashable, tuple[str, int, int]] = field(default_factory=dict)
+    deferred_bytes: int = 0  # the next DEFERRED offset: every deferred tensor has a place of its own
+
+    def defer(self, nbytes: int) -> tuple[str, int, int]:
+        place = (DEFERRED, self.deferred_bytes, nbytes)
+        self.deferred_bytes += nbytes
+        return place
 
 
 @dataclass(frozen=True)
@@ -76,12 +88,14 @@ def write_initializers(
     written: WrittenTensors,
     progress: Callable[[int, int, int], None] | None = None,
     digest: bool = True,
+    defer: bool = False,
 ) -> int:
     """Stream every initializer of `model` (onnx_ir) into out_dir/data_name; returns bytes written.
 
     `sources` gives the producer for initializers whose value is not in the graph (weights traced on
     the meta device); other initializers are written from their own value. `digest=False`: not hashed
-    (never published).
+    (never published). `defer`: tensors with a checkpoint origin get a DEFERRED place instead of bytes;
+    without it, a tensor an earlier graph deferred is written here after all.
     """
     import onnx_ir as ir
 
@@ -95,11 +109,18 @@ def write_initializers(
                 if src is not None or isinstance(value.const_value, ir.LazyTensor):
                     value.const_value = ir.Tensor(value.const_value.numpy(), name=value.name)
                 continue
-            place = written.places.get(src.identity) if src is not None and src.identity is not None else None
-            if place is None:
+            shared = src is not None and src.identity is not None
+            place = written.places.get(src.identity) if shared else None
+            if place is not None and place[0] == DEFERRED and not defer:
+                place = data.append(src.produce(), value.const_value.nbytes, value.name)  # this graph runs as is
+            elif place is None and defer and src is not None and src.origin is not None:
+                place = written.defer(value.const_value.nbytes)
+                if shared:
+                    written.places[src.identity] = place
+            elif place is None:
                 blocks = src.produce() if src is not None else [value.const_value.tobytes()]
                 place = data.append(blocks, value.const_value.nbytes, value.name)
-                if src is not None and src.identity is not None:
+                if shared:
                     written.places[src.identity] = place
             location, start, length = place
             old = value.const_value

@@ -39,7 +39,8 @@ def export_pair(
 
 def export_reduced(src: Path, out: Path, shape: PairShape, options: ExportOptions, plan) -> None:
     """The static graphs of the reduced model `plan` (reduced.ReducedPlan), each traced itself."""
-    options = replace(options, prefix_graphs=False)  # the compile stage checks those against the real ones
+    # The compile stage checks the prefix graphs against the real ones; validation runs these as they are.
+    options = replace(options, prefix_graphs=False, lean=False)
     _export_jobs(plan_jobs(src, shape, options, plan), out, shape, options, lambda message: None, None)
 
 
@@ -107,14 +108,14 @@ def _export_jobs(
             template = model.clone() if reduced is not None and not job.flavour else None
             try:
                 grow_layers(model, layer_plan(job.gname, job.module), job.sources, by_graph_name)
-                nbytes = save_streamed(model, path, by_graph_name, written, report)
+                nbytes = save_streamed(model, path, by_graph_name, written, report, defer=options.lean)
             except ReplicationError as exc:
                 progress(f"{name}.onnx: tracing every layer ({exc})")
             if template is not None:  # after the real graph: its layers' tensors are then in `written`
                 reduced.grow(job.gname, template, job.store, job.rename, written)
         if nbytes is None:
             model, by_graph_name = _trace(replace(job, stand_in=None), shape, options)
-            nbytes = save_streamed(model, path, by_graph_name, written, report)
+            nbytes = save_streamed(model, path, by_graph_name, written, report, defer=options.lean)
         origins[path.name] = {n: src.origin for n, src in by_graph_name.items() if src.origin is not None}
         graphs[name] = {
             **graph_facts(job.gname, job.module, shape, job.flavour),
@@ -247,9 +248,10 @@ def weight_initializers(
         key = rename(name) if rename else name
         # the reduced model's cut tensors: vocabulary rows, and a MoE layer's first experts
         cut = param.shape[0] if rows is not None and store.shape(key)[:1] != tuple(param.shape[:1]) else None
-        if key in store.stacks:  # assembled from several checkpoint tensors: read from the export by the compile
+        if key in store.stacks:  # assembled from several checkpoint tensors, one slab at a time
             identity = ("stack", str(store.root.resolve()), key, str(dtype), cut)  # the prefix graph shares it
-            out[name] = Initializer(name, identity, _reader(store, key, dtype, cut, tuple(param.shape)))
+            where = weight_sources.stack_origin(store, key, str(dtype).removeprefix("torch."), cut)
+            out[name] = Initializer(name, identity, _reader(store, key, dtype, cut, tuple(param.shape)), where)
             continue
         ref = store.refs[key]
         st = os.stat(store.root / ref.file)

@@ -26,12 +26,27 @@ def _data_path(base_dir: Path, location: str) -> Path:
     return path
 
 
+def is_deferred(tensor) -> bool:
+    """A lean export's checkpoint weight: no bytes in the export (external_data.DEFERRED)."""
+    from onnx import TensorProto
+
+    from dflash_cli.exporting.external_data import DEFERRED
+
+    return tensor.data_location == TensorProto.EXTERNAL and external_info(tensor).get("location") == DEFERRED
+
+
 def read_initializer(tensor, base_dir: Path) -> np.ndarray:
     """An initializer's values, memory-mapped when they live in an external file."""
     from onnx import TensorProto, helper, numpy_helper
 
     if tensor.data_location != TensorProto.EXTERNAL:
         return numpy_helper.to_array(tensor)
+    if is_deferred(tensor):  # the source it was left out for could not give it (weight_sources.py)
+        raise DFlashError(
+            f"{tensor.name} is not in the export (an int8/int4 build reads it from the checkpoint), and the "
+            "checkpoint file it was exported from has changed or is gone",
+            hint="rebuild the export from the checkpoint as it is now: `dflash build --rebuild export`",
+        )
     info = external_info(tensor)
     dtype = helper.tensor_dtype_to_np_dtype(tensor.data_type)
     count = int(np.prod(tensor.dims)) if tensor.dims else 1

@@ -35,11 +35,14 @@ class ExportOptions:
     opset: int = 18
     prefix_graphs: bool = True  # also target_prefix.onnx / draft_prefix.onnx, the prefix-cache form ORT runs
     validation: Validation = "full"
+    # A lean export leaves out the checkpoint's weights (external_data.DEFERRED): an int8/int4 compile reads
+    # them from the checkpoint, so a full-precision copy would only fill the cache.
+    lean: bool = False
 
     @classmethod
-    def of(cls, export: Any, validation: Validation) -> ExportOptions:
+    def of(cls, export: Any, validation: Validation, lean: bool = False) -> ExportOptions:
         """From a recipe's `export` section; `validation` as the stage decided it for the pair's size."""
-        return cls(dtype=export.dtype, logits=export.logits, opset=export.opset, validation=validation)
+        return cls(dtype=export.dtype, logits=export.logits, opset=export.opset, validation=validation, lean=lean)
 
     @property
     def torch_dtype(self):

@@ -92,12 +92,17 @@ def trace_template(
     return model, by_graph_name
 
 
-def save_streamed(model, path: Path, by_graph_name, written: WrittenTensors, progress=None, digest=True) -> int:
+def save_streamed(
+    model, path: Path, by_graph_name, written: WrittenTensors, progress=None, digest=True, defer=False
+) -> int:
     """Stream the initializers into `path`.data, save the graph at `path`; returns data bytes.
-    `digest=False`: the data file is not hashed for the cache (a file that is never published)."""
+    `digest=False`: the data file is not hashed for the cache (a file that is never published).
+    `defer`: checkpoint weights are left out (a lean export, external_data.DEFERRED)."""
     import onnx_ir as ir
 
-    nbytes = write_initializers(model, path.parent, path.name + ".data", by_graph_name, written, progress, digest)
+    nbytes = write_initializers(
+        model, path.parent, path.name + ".data", by_graph_name, written, progress, digest, defer
+    )
     ir.save(model, str(path))
     _name_seq_dims(path)
     return nbytes

@@ -41,6 +41,15 @@ def origin(path: Path, key: str, dtype: str, rows: int | None) -> dict[str, Any]
     }
 
 
+def stack_origin(store, key: str, dtype: str, slabs: int | None) -> dict[str, Any]:
+    """The record of a weight the export assembles from several stored tensors (weights.Stack: a MoE
+    layer's experts): the weight directory that assembles it, and the size and mtime of its files."""
+    parts = store.stacks[key].parts
+    files = {os.path.realpath(store.root / store.refs[p].file) for p in parts}
+    stats = {f: [os.stat(f).st_size, os.stat(f).st_mtime_ns] for f in sorted(files)}
+    return {"stack": key, "store": os.path.realpath(store.root), "dtype": dtype, "rows": slabs, "files": stats}
+
+
 def write(out_dir: Path, per_graph: dict[str, dict[str, dict]]) -> None:
     """`per_graph`: onnx file name -> {initializer name: origin}."""
     (out_dir / FILE).write_text(json.dumps({"format": FORMAT, "graphs": per_graph}) + "\n")
@@ -68,19 +77,39 @@ class SourceReader:
         o = self.table.get(name)
         if o is None:
             return None
+        files = o["files"].items() if "stack" in o else [(o["file"], [o["size"], o["mtime_ns"]])]
         try:
-            st = os.stat(o["file"])
+            stats = [(os.stat(f), want) for f, want in files]
         except OSError:
             return None
-        return o if (st.st_size, st.st_mtime_ns) == (o["size"], o["mtime_ns"]) else None
+        return o if all([st.st_size, st.st_mtime_ns] == list(want) for st, want in stats) else None
+
+    def slabs(self, tensor):
+        """A stacked weight's slabs (experts) one at a time as the export wrote them, or None."""
+        import torch
+
+        from dflash_cli.errors import DFlashError
+        from dflash_cli.weights import WeightStore
+
+        o = self._unchanged(tensor.name)
+        if o is None or "stack" not in o:
+            return None
+        try:
+            store = WeightStore.open(Path(o["store"]))
+        except (OSError, DFlashError):  # the inject artifact it was assembled by is gone: read the export
+            return None
+        if o["stack"] not in store.stacks or (o["rows"] or store.shape(o["stack"])[0]) != tensor.dims[0]:
+            return None
+        self.read_count += 1
+        return (slab.numpy() for slab in store.iter_rows(o["stack"], getattr(torch, o["dtype"]), rows=o["rows"]))
 
     def prefetch(self, tensor) -> bool:
         """Start reading the tensor's checkpoint bytes; False when it will come from the export."""
         from dflash_cli.exporting.onnx_data import will_need
 
         o = self._unchanged(tensor.name)
-        if o is None:
-            return False
+        if o is None or "stack" in o:
+            return o is not None
         will_need(o["file"], o["offset"], o["length"])
         return True
 
@@ -92,6 +121,9 @@ class SourceReader:
         o = self._unchanged(tensor.name)
         if o is None:
             return None
+        if "stack" in o:
+            slabs = self.slabs(tensor)
+            return None if slabs is None else np.concatenate(list(slabs))
         try:
             with safe_open(o["file"], framework="pt", device="cpu") as f:
                 part = f.get_slice(o["key"])

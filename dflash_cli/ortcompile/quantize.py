@@ -8,9 +8,10 @@ position exactly what a shorter call would, and greedy speculative decoding stay
 
 Nothing is loaded whole: the graph is read without its external data, each weight is read from
 the checkpoint it was exported from when unchanged (exporting/weight_sources.py), else from the
-export's data file (memory-mapped), quantised and appended to `<graph>.onnx.q.data`; the
-weights that stay as they are (embedding, norms) keep pointing at the export's data file, which
-the compile artifact hard-links rather than copies.
+export's data file (memory-mapped), quantised and appended to `<graph>.onnx.q.data`. The weights
+that stay as they are (embedding, norms) keep pointing at the export's data file, which the compile
+artifact hard-links rather than copies; a lean export has none of them (exporting/external_data.py),
+so they are read from the checkpoint and appended to `.q.data` as they are.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dflash_cli.exporting.onnx_data import prefetch, read_initializer
+from dflash_cli.exporting.onnx_data import is_deferred, prefetch, read_initializer
 from dflash_cli.ortcompile.quantize_moe import quantize_experts
 
 ALIGNMENT = 65536
@@ -115,10 +116,11 @@ def quantize_graph(
     # Hashed on the way out: publish does not read it back.
     with HashingWriter(dst_onnx.parent / data_name) as f:
 
-        def write(base: str, packed: np.ndarray, scales: np.ndarray) -> tuple[list, list]:
+        def write(base: str, packed: np.ndarray, scales: np.ndarray | None = None) -> tuple[list, list]:
+            """Append the arrays (`scales` named base + ".scales"); returns their tensors and places."""
             nonlocal offset
             tensors, places = [], []
-            for name, arr in ((base, packed), (base + ".scales", scales)):
+            for name, arr in ((base, packed), (base + ".scales", scales))[: 1 if scales is None else 2]:
                 pad = (-offset) % ALIGNMENT if arr.nbytes > ALIGNMENT else 0
                 f.write(b"\0" * pad)
                 offset += pad
@@ -216,6 +218,7 @@ def quantize_graph(
             accuracy_level=accuracy_level,
             done=done,
             identity=lambda t: _source_identity(t, src_onnx.parent, False),
+            source=source,
             quantize_kn=_quantize,
             progress=progress,
         )
@@ -223,13 +226,24 @@ def quantize_graph(
             expanded[node_id] = [qnode]
             new_inits += tensors
 
-    keep_nodes = [m for n in graph.node if id(n) not in removed_nodes for m in expanded.get(id(n), [n])]
-    still_used = {i for n in keep_nodes for i in n.input}
+        keep_nodes = [m for n in graph.node if id(n) not in removed_nodes for m in expanded.get(id(n), [n])]
+        still_used = {i for n in keep_nodes for i in n.input}
+        keep_inits = [
+            t
+            for t in graph.initializer
+            if (t.name not in plans and t.name not in moe_weights and not is_deferred(t)) or t.name in still_used
+        ]
+        # A lean export's weights that stay as they are (embedding, norms): stored here, from the checkpoint.
+        for i, t in enumerate(keep_inits):
+            if is_deferred(t):
+                key = ("kept", _source_identity(t, src_onnx.parent, False))
+                if key not in done:
+                    values = source.read(t) if source is not None else None
+                    done[key] = write(t.name, read_initializer(t, src_onnx.parent) if values is None else values)[1]
+                ((_, place),) = done[key]
+                keep_inits[i] = _external_tensor(t.name, *place)
     del graph.node[:]
     graph.node.extend(keep_nodes)
-    keep_inits = [
-        t for t in graph.initializer if (t.name not in plans and t.name not in moe_weights) or t.name in still_used
-    ]
     del graph.initializer[:]
     graph.initializer.extend(keep_inits + new_inits)
     if not any(o.domain == "com.microsoft" for o in model.opset_import):

@@ -2,8 +2,9 @@
 
 Each expert's two weights are quantised on their own, block-wise along K like MatMulNBits, and stored
 as ONNX Runtime's raw layout: [experts, N, K * bits / 8] bytes and [experts, N, K / block] scales,
-symmetric (the default zero point). Experts are read one at a time from the memory-mapped export, so
-a layer's fp32 experts are never in memory at once; the packed stack of one layer is.
+symmetric (the default zero point). Experts are read one at a time, from the checkpoint (else the
+memory-mapped export), so a layer's fp32 experts are never in memory at once; the packed stack of one
+layer is.
 
 Token locality: QMoE at 8 bits is per-token for any number of rows; at 4 bits it takes another kernel
 for an expert with a single row, which the graph's doubled rows rule out (modeling/moe.py). The build's
@@ -33,11 +34,13 @@ def quantize_experts(
     identity: Callable,
     quantize_kn: Callable,
     progress: Callable[[str], None],
+    source=None,
 ) -> tuple[dict[int, object], set[str]]:
     """QMoE nodes for the graph's MoE nodes: ({id(MoE node): QMoE node}, names of the fp32 expert tensors
     they replace). `write(base, packed, scales)` stores a pair and returns (tensors, places); `done` and
     `identity` let the prefix-cache graph point at the first graph's quantised copy; `quantize_kn(w [K, N],
-    bits, block)` is ONNX Runtime's block quantiser (packed [N, blocks, blob], scales [N, blocks])."""
+    bits, block)` is ONNX Runtime's block quantiser (packed [N, blocks, blob], scales [N, blocks]); `source`
+    (weight_sources.SourceReader) reads the experts from the checkpoint, one at a time, where it can."""
     from onnx import helper
 
     from dflash_cli.errors import DFlashError
@@ -58,21 +61,24 @@ def quantize_experts(
                     hint="set compile.ort.block_size to a power of two that divides it (32 or 64)",
                 )
             key = ("experts", identity(weight), bits, block_size)
+            dropped.add(name)
             if key[1] is not None and key in done:
                 quantised.append(done[key])
                 continue
-            w = read_initializer(weight, src_dir)
+            slabs = source.slabs(weight) if source is not None else None
+            if slabs is None:
+                slabs = iter(read_initializer(weight, src_dir))
             packed = np.empty((experts, n_out, k_in * bits // 8), np.uint8)
             scales = np.empty((experts, n_out, k_in // block_size), np.float32)
             for e in range(experts):
-                p, s = quantize_kn(np.ascontiguousarray(np.asarray(w[e], np.float32).T), bits, block_size)
+                w = np.asarray(next(slabs), np.float32).reshape(n_out, k_in)
+                p, s = quantize_kn(np.ascontiguousarray(w.T), bits, block_size)
                 packed[e], scales[e] = p.reshape(n_out, -1), s
-            del w
+            del slabs, w
             tensors, _ = write(f"{name}.q{bits}", packed, scales)
             quantised.append(tensors)
             if key[1] is not None:
                 done[key] = tensors
-            dropped.add(name)
         (w1, s1), (w2, s2) = quantised
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         attrs |= {"expert_weight_bits": bits, "block_size": block_size, "accuracy_level": accuracy_level}

@@ -177,6 +177,11 @@ def _compile_ort(ctx: StageContext) -> dict[str, Any]:
     for path in sorted(src.iterdir()):
         if path.suffix in (".onnx", ".data") and not (precision != "fp32" and path.suffix == ".onnx"):
             link_or_copy(path, out / path.name)
+    if info.get("lean") and precision == "fp32":  # the stage keys rule this out: a cache edited by hand
+        raise DFlashError(
+            "this export leaves out the checkpoint's weights (an int8/int4 build's); an fp32 compile needs them",
+            hint="rebuild the export: `dflash build --rebuild export`",
+        )
     facts: dict[str, Any] = {"backend": "ort", "precision": precision}
     quantized = precision != "fp32"
     if precision != "fp32":

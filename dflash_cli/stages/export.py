@@ -42,6 +42,7 @@ class ExportStage:
     def key_fields(self, recipe: Any) -> dict[str, Any]:
         e = recipe.export
         return {
+            **({"weights": "lean"} if lean_export(recipe) else {}),
             "graph_revision": GRAPH_REVISION,
             "ctx_len": e.ctx_len,
             "prefill_seq_len": e.prefill_seq_len,
@@ -71,9 +72,13 @@ class ExportStage:
         out = ctx.out_dir
         shape = PairShape(B, P, C, pair["hidden_size"])
         validation = "off"
+        lean = lean_export(ctx.recipe)
         if e.validate_outputs:  # a large pair validates a reduced model: memory bounded whatever its size
-            validation = "reduced" if _fp32_bytes(src) > FULL_VALIDATION_BYTES else "full"
-        options = ExportOptions.of(e, validation)
+            # (and a lean export's own graphs cannot run: their weights are left out)
+            validation = "reduced" if lean or _fp32_bytes(src) > FULL_VALIDATION_BYTES else "full"
+        options = ExportOptions.of(e, validation, lean)
+        if lean:
+            ctx.progress("lean export: the compile reads the checkpoint's weights from the checkpoint (export.weights)")
         reduced = None
         if options.validation == "reduced":
             from dflash_cli.exporting.reduced import ReducedGraphs, ReducedPlan
@@ -127,6 +132,7 @@ class ExportStage:
             "prefill_seq_len": P,
             "logits": e.logits,
             "dtype": e.dtype,
+            "lean": lean,
             "target_checkpoint_bytes": _checkpoint_bytes(src / "target"),
             "graphs": graphs,
         }
@@ -137,6 +143,14 @@ class ExportStage:
             "data_bytes": {g: v.get("data_bytes") for g, v in graphs.items()},
             "export_seconds": {g: v.get("seconds") for g, v in graphs.items()},
         }
+
+
+def lean_export(recipe: Any) -> bool:
+    """Whether the export leaves the checkpoint's weights out: only its compile reads it, and that compile
+    quantises every weight it would read from the export (an int8/int4 ONNX Runtime build)."""
+    c = recipe.compile
+    e = recipe.export
+    return e.weights == "auto" and e.exporter == "dynamo" and c.backend == "ort" and c.ort.precision != "fp32"
 
 
 def _checkpoint_bytes(target_dir: Path) -> int:
