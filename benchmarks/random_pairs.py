@@ -218,7 +218,8 @@ PAIRS = {
     "qwen3.5-9b-8l": (_qwen3_5(4096, 12288, False, 8), QWEN35_SPECIAL, 5, 12288, 16, 248070, [1, 2, 3, 4, 5]),
     # 4 of Qwen3-Coder-30B-A3B's 48 layers at their real widths (the whole is 61 GB of bf16, more than this disk)
     "qwen3-coder-30b-a3b-4l": (_qwen3_moe(4), QWEN3_SPECIAL, 5, 6144, 16, 151669, [0, 1, 2, 3]),
-    # 4 of gpt-oss-20b's 24 layers (its fp32 export, ~84 GB, is more than this disk holds)
+    # gpt-oss-20b whole (an int8/int4 build's export stores no weights), and 4 of its 24 layers
+    "gpt-oss-20b": (_gpt_oss(24), GPT_OSS_SPECIAL, 5, 5760, 16, 200000, [1, 6, 11, 16, 21]),
     "gpt-oss-20b-4l": (_gpt_oss(4), GPT_OSS_SPECIAL, 5, 5760, 16, 200000, [0, 1, 2, 3]),
     # and 2: the per-layer cost is the difference, for projecting the 48-layer model
     "qwen3-coder-30b-a3b-2l": (_qwen3_moe(2), QWEN3_SPECIAL, 5, 6144, 16, 151669, [0, 1, 1, 1]),

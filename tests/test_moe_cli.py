@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from dflash_cli.cli.app import create_app
+from dflash_cli.exporting.onnx_data import is_deferred
 from tests.engines import assert_quantised_runs_agree, dflash_ok
 from tests.fixtures.tiny_pairs import make_pair
 
@@ -30,8 +31,10 @@ def test_quantised_moe_build_runs_and_benches_losslessly(family: str, precision:
     assert (compile_dir / "target_prefix.onnx.q.data").stat().st_size == 0  # it points at target's experts
     # a lean export: the experts and every other checkpoint weight are read from the checkpoint, never stored twice
     export_dir = next((tmp_path / "cache" / "artifacts" / "export").glob("*/"))
-    stored = sum(p.stat().st_size for p in export_dir.glob("*.data"))
-    assert stored < (compile_dir / "target.onnx.q.data").stat().st_size / 4
+    origins = json.loads((export_dir / "weight_sources.json").read_text())["graphs"]["target.onnx"]
+    exported = onnx.load(str(export_dir / "target.onnx"), load_external_data=False).graph.initializer
+    assert any(origins[t.name].get("stack") for t in exported if t.name in origins)  # the experts among them
+    assert all(is_deferred(t) for t in exported if t.name in origins and t.external_data)  # small ones sit inline
     graph = onnx.load(str(compile_dir / "target_prefix.onnx"), load_external_data=False).graph
     qmoe = [n for n in graph.node if n.op_type == "QMoE"]
     assert len(qmoe) == 4 and not any(n.op_type == "MoE" for n in graph.node)

@@ -46,6 +46,14 @@ def test_weight_only_precisions_stay_lossless(precision: str, family: str, reque
     draft = onnx.load(str(engine.compile_dir / "draft.onnx"), load_external_data=False)
     head = next(t for t in draft.graph.initializer if "lm_head" in t.name and t.name.endswith(f".w{precision[-1]}"))
     assert {e.key: e.value for e in head.external_data}["location"] == "target.onnx.q.data"
+    # So is the embedding, block-quantised alike (no float table of vocab rows is left in either graph).
+    for graph in (onnx.load(str(engine.compile_dir / "target.onnx"), load_external_data=False), draft):
+        gather = next(n for n in graph.graph.node if n.op_type == "GatherBlockQuantized")
+        table = next(t for t in graph.graph.initializer if t.name == gather.input[0])
+        assert {e.key: e.value for e in table.external_data}["location"] == "target.onnx.q.data"
+        rows = table.dims[0]
+        floats = [t for t in graph.graph.initializer if t.data_type == onnx.TensorProto.FLOAT and t.dims[:1] == [rows]]
+        assert all(t.name.endswith(".scales") for t in floats)  # the lm_head's and the embedding's scales
     # The prefix-cache graphs read the same weights: each quantised tensor, stacked or not, is the first copy.
     for graph in ("target_prefix", "draft_prefix"):
         assert (engine.compile_dir / f"{graph}.onnx.q.data").stat().st_size == 0

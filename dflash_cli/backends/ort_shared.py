@@ -3,8 +3,8 @@
 The draft's embedding is the target's tensor (both graphs point at the same bytes of
 target.onnx.data). Handing ONNX Runtime one memory-mapped OrtValue for it, in both sessions,
 keeps one copy in memory instead of two, and only the rows a call gathers are ever paged in.
-Only tables read by `Gather` qualify: weights of a MatMul get transposed or pre-packed by the
-runtime, which copies them anyway.
+Only tables read by `Gather` (or its block-quantised form) qualify: weights of a MatMul get
+transposed or pre-packed by the runtime, which copies them anyway.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from dflash_cli.exporting.onnx_data import external_info, read_initializer
+
+GATHERS = {"Gather", "GatherBlockQuantized"}  # an int8/int4 build's embedding: its blocks and their scales
 
 
 class SharedTables:
@@ -34,7 +36,7 @@ class SharedTables:
                 readers.setdefault(name, set()).add(node.op_type)
         out = {}
         for t in model.graph.initializer:
-            if t.data_location != TensorProto.EXTERNAL or readers.get(t.name) != {"Gather"}:
+            if t.data_location != TensorProto.EXTERNAL or not readers.get(t.name, {"?"}) <= GATHERS:
                 continue
             info = external_info(t)
             key = (

@@ -2,14 +2,15 @@
 
 Every MatMul whose weight is a constant (an initializer, or `Transpose` of one, as the exporter
 writes `nn.Linear`) becomes ONNX Runtime's `MatMulNBits`: block-wise scales along K, activations
-untouched. A position's output then depends only on its own row, so a verify block gives each
-position exactly what a shorter call would, and greedy speculative decoding stays lossless
-(per-tensor dynamic activation scales, the old int8, broke that).
+untouched; the embedding's Gather becomes `GatherBlockQuantized` over the same blocks. A
+position's output then depends only on its own row, so a verify block gives each position exactly
+what a shorter call would, and greedy speculative decoding stays lossless (per-tensor dynamic
+activation scales, the old int8, broke that).
 
 Nothing is loaded whole: the graph is read without its external data, each weight is read from
 the checkpoint it was exported from when unchanged (exporting/weight_sources.py), else from the
 export's data file (memory-mapped), quantised and appended to `<graph>.onnx.q.data`. The weights
-that stay as they are (embedding, norms) keep pointing at the export's data file, which the compile
+that stay as they are (norms) keep pointing at the export's data file, which the compile
 artifact hard-links rather than copies; a lean export has none of them (exporting/external_data.py),
 so they are read from the checkpoint and appended to `.q.data` as they are.
 """
@@ -226,14 +227,37 @@ def quantize_graph(
             expanded[node_id] = [qnode]
             new_inits += tensors
 
+        tables: set[str] = set()
+        # The embedding: GatherBlockQuantized over the same blocks (its fp32 table was a quarter of an
+        # 8B int4 build's cache). Only checkpoint weights qualify, never the exported rotary tables.
+        for node in graph.node:
+            table = inits.get(node.input[0]) if node.op_type == "Gather" else None
+            if table is None or not _is_quantisable_table(node, table, block_size, source):
+                continue
+            key = ("gather", bits, block_size, _source_identity(table, src_onnx.parent, False))
+            if key not in done:
+                values = source.read(table) if source is not None else None
+                values = read_initializer(table, src_onnx.parent) if values is None else values
+                packed, scales = _quantize_rows(np.asarray(values, np.float32), bits, block_size)
+                dtype = helper.tensor_dtype_to_np_dtype(table.data_type)
+                del values
+                done[key] = write(f"{table.name}.g{bits}", packed.reshape(len(packed), -1), scales.astype(dtype))[1]
+                del packed, scales
+                progress(f"{src_onnx.name}: embedding {table.name} to int{bits}")
+            tensors = [_external_tensor(name, *place) for name, place in done[key]]
+            new_inits += tensors
+            expanded[id(node)] = [_gather_node(node, tensors, bits, block_size)]
+            tables.add(table.name)
+
         keep_nodes = [m for n in graph.node if id(n) not in removed_nodes for m in expanded.get(id(n), [n])]
         still_used = {i for n in keep_nodes for i in n.input}
         keep_inits = [
             t
             for t in graph.initializer
-            if (t.name not in plans and t.name not in moe_weights and not is_deferred(t)) or t.name in still_used
+            if (t.name not in plans and t.name not in moe_weights and t.name not in tables and not is_deferred(t))
+            or t.name in still_used
         ]
-        # A lean export's weights that stay as they are (embedding, norms): stored here, from the checkpoint.
+        # A lean export's weights that stay as they are (norms): stored here, from the checkpoint.
         for i, t in enumerate(keep_inits):
             if is_deferred(t):
                 key = ("kept", _source_identity(t, src_onnx.parent, False))
@@ -291,6 +315,38 @@ def _source_identity(weight, base_dir: Path, transposed: bool):
     info = external_info(weight)
     where = os.path.realpath(base_dir / info["location"])
     return (where, int(info.get("offset", 0)), int(info.get("length", 0)), transposed)
+
+
+def _is_quantisable_table(node, table, block_size: int, source) -> bool:
+    """A Gather along rows of a 2-D float checkpoint weight whose rows split into whole blocks."""
+    from onnx import TensorProto, helper
+
+    axis = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "axis"), 0)
+    return (
+        axis == 0
+        and len(table.dims) == 2
+        and table.dims[1] % block_size == 0
+        and table.data_type in (TensorProto.FLOAT, TensorProto.FLOAT16)
+        and (is_deferred(table) or (source is not None and table.name in source.table))
+    )
+
+
+def _gather_node(node, tensors, bits: int, block_size: int):
+    """ONNX Runtime's GatherBlockQuantized: rows of uint8-packed blocks, one scale per block, the
+    symmetric zero point (2^(bits-1)) as MatMulNBits uses, so a row dequantises to the same values."""
+    from onnx import helper
+
+    return helper.make_node(
+        "GatherBlockQuantized",
+        [tensors[0].name, node.input[1], tensors[1].name],
+        list(node.output),
+        name=(node.name or node.output[0]) + "_bq",
+        domain="com.microsoft",
+        gather_axis=0,
+        quantize_axis=1,
+        block_size=block_size,
+        bits=bits,
+    )
 
 
 def _external_tensor(name: str, data_type: int, shape: tuple, location: str, offset: int, length: int):

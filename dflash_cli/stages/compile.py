@@ -25,7 +25,7 @@ class CompileStage:
     # 5: stacked q/k/v, gate/up; 6: prefix-cache graphs share stacks; 7: call-length check; 8: GQA pads one-row calls;
     # 9: the call-length check covers the hybrid's verifies past the block; 10: SiLU as QuickGelu, q/k/v
     # padded once before their stacked Split; 11: a hybrid target's call-length check asks equal tokens only
-    version = 12  # 12: MoE experts to QMoE
+    version = 13  # 13: the embedding to GatherBlockQuantized
     upstream = ("export",)
     tools: tuple[str, ...] = ("onnx", "onnxruntime")  # the QAIC SDK version is in key_fields
 
