@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 
 from dflash_cli.exporting.options import ExportOptions
 from dflash_cli.modeling.loading import target_config
-from tests.exports import REFUSAL, export, inject
+from tests.exports import OPTIONS, REFUSAL, export, inject
 
 pytestmark = pytest.mark.slow  # builds or exports pairs: left out of `make test-fast`
 
@@ -84,3 +85,17 @@ def test_a_last_layer_tap_and_fp16_replicate_as_full_traces(tiny_qwen3_pair, tmp
     export(src, tmp_path / "replicated", options)
     export(src, tmp_path / "full", options, full=True)
     _same_outputs(tmp_path / "replicated", tmp_path / "full", STATIC)
+
+
+def test_alternating_window_layers_replicate_from_a_sliding_layer(tmp_path) -> None:
+    """gpt-oss alternates sliding-window and full-attention layers: the one traced (sliding) layer is
+    copied to both kinds, full ones reading the unwindowed mask; the same outputs as tracing every layer
+    (the prompt here is longer than the window, so the two masks differ)."""
+    from tests.fixtures.tiny_pairs import make_pair
+
+    src = inject(make_pair(tmp_path / "pair", "gpt_oss"), tmp_path / "build")
+    assert len(set(target_config(src).layer_types)) == 2
+    notes = export(src, tmp_path / "replicated", replace(OPTIONS, prefix_graphs=True))
+    assert not [n for n in notes if "tracing every layer" in n], notes
+    export(src, tmp_path / "full", OPTIONS, full=True)
+    _same_outputs(tmp_path / "replicated", tmp_path / "full", ("target", "target_prefix"))

@@ -183,18 +183,24 @@ def _mixed_layers(module) -> bool:
     from dflash_cli.modeling.hybrid_target import HybridCacheTarget
 
     sparse = len(getattr(module.spec, "sparse_layers", ()))
-    windows = set(getattr(module.spec, "windows", ()))  # gpt-oss: sliding-window and full layers alternate
-    return isinstance(module, HybridCacheTarget) or 0 < sparse < module.spec.num_layers or len(windows) > 1
+    # gpt-oss: sliding-window and full layers alternate; replication grows them from a sliding layer 0
+    windows = list(getattr(module.spec, "windows", ()) or ())
+    mixed_windows = windows and (windows[0] is None or len(set(windows) - {None}) > 1)
+    return isinstance(module, HybridCacheTarget) or 0 < sparse < module.spec.num_layers or bool(mixed_windows)
 
 
 def layer_plan(gname: str, module) -> LayerPlan:
     """How replicate.py grows `module`'s one-layer graph to its depth."""
     ins, outs = module.io_names()
+    full: frozenset[int] = frozenset()
     if gname == "target":
         n, where, taps = module.spec.num_layers, "model.", tuple(module.layer_ids)
+        windows = getattr(module.spec, "windows", ()) or ()
+        full = frozenset(i for i, w in enumerate(windows) if w is None)
     else:
         n, where, taps = len(module.draft.layers), "draft.", ()
-    return LayerPlan(n, where + "layers.", where + "embed_tokens", where + "norm", tuple(ins), tuple(outs), taps)
+    names = where + "layers.", where + "embed_tokens", where + "norm"
+    return LayerPlan(n, *names, tuple(ins), tuple(outs), taps, full)
 
 
 def graph_facts(gname: str, module, shape: PairShape, flavour: str = "") -> dict[str, Any]:

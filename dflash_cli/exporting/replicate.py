@@ -42,6 +42,9 @@ class LayerPlan:
     input_names: tuple[str, ...]  # the real model's graph inputs and outputs, in order
     output_names: tuple[str, ...]
     taps: tuple[int, ...] = ()  # the real layers whose output a Concat reads (the target's features)
+    # Layers that attend to every position while the traced layer 0 has a sliding window (gpt-oss
+    # alternates them): their copies read the full mask the window mask is cut from.
+    full_layers: frozenset[int] = frozenset()
 
 
 def grow_layers(model, plan: LayerPlan, sources: dict[str, Initializer], by_graph_name: dict[str, Initializer]) -> None:
@@ -116,14 +119,22 @@ def replicate_layers(model, plan: LayerPlan, weight_value) -> None:
     if any(not _CACHE_OUT.match(v.name) for v in cache_outs) or len(cache_outs) != len(pasts0):
         raise ReplicationError(f"layer 0's graph outputs are not its caches: {[v.name for v in cache_outs]}")
 
+    window = _WindowMask(graph, nodes, template, produced) if plan.full_layers else None
+
     outs = [chain_out]
     inputs = {v.name: v for v in graph.inputs}
     outputs = {v.name: v for v in graph.outputs}
     for k in range(1, n):
         mapping = {chain_in: outs[-1]}
+        full = k in plan.full_layers
+        if full:
+            mapping.update(window.outside)
         for v in pasts0:
             mapping[v] = inputs[_layer_name(v.name, k)] = _new_input(ir, v, _layer_name(v.name, k))
         for node in template:
+            if full and node is window.inside:  # the mask it would cut: the full one
+                mapping[node.outputs[0]] = mapping.get(node.inputs[0], node.inputs[0])
+                continue
             args = []
             for v in node.inputs:
                 if v is not None and v not in mapping and v in weights0:
@@ -157,6 +168,68 @@ def replicate_layers(model, plan: LayerPlan, weight_value) -> None:
     graph.inputs[:] = [inputs[x] for x in plan.input_names]
     graph.outputs[:] = [outputs[x] for x in plan.output_names]
     graph.sort()
+
+
+class _WindowMask:
+    """Where layer 0 cuts its sliding-window mask from the full mask: `full & near` (modeling/target.py
+    writes the full mask first), in one And. Prefix-cache graphs derive the mask from the layer's own
+    past, so the And is inside the layer (`inside`): a copy that attends to every position skips it. In
+    static graphs the And and what the attention derives from the mask alone (the Where's condition,
+    the live slots) sit outside the layer: they are computed once more from the full mask, and such a
+    copy reads those values instead (`outside`: layer 0's value -> the full mask's)."""
+
+    def __init__(self, graph, nodes: list, template: list, produced: set) -> None:
+        import onnx_ir as ir
+
+        self.inside, self.outside = None, {}
+        ands = [n for n in template if n.op_type == "And"]
+        if len(ands) > 1:
+            raise ReplicationError(f"{len(ands)} And nodes in layer 0: which one cuts its window is unclear")
+        if ands:
+            self.inside = ands[0]
+            self._check(self.inside, ir)
+            return
+        inside = set(template)
+        read = {v for node in template for v in node.inputs if v is not None and v not in produced}
+        found = []
+        for start in (n for n in nodes if n.op_type == "And" and n not in inside):
+            derived, made = [], {start.outputs[0]}
+            for node in nodes:  # what outside the layer depends on the mask alone
+                if node in inside or node is start or not any(v in made for v in node.inputs):
+                    continue
+                if any(v in produced for v in node.inputs):
+                    continue
+                derived.append(node)
+                made.update(node.outputs)
+            if made & read:
+                found.append((start, derived))
+        if len(found) != 1:
+            raise ReplicationError(f"expected one And cutting layer 0's window mask, found {len(found)}")
+        start, derived = found[0]
+        self._check(start, ir)
+        self.outside = {start.outputs[0]: start.inputs[0]}
+        for step in derived:
+            copy = ir.Node(
+                step.domain,
+                step.op_type,
+                [self.outside.get(v, v) for v in step.inputs],
+                attributes=list(step.attributes.values()),
+                overload=step.overload,
+                num_outputs=len(step.outputs),
+                version=step.version,
+                name=f"{step.name}__full",
+                metadata_props=dict(step.metadata_props),
+            )
+            for old, new in zip(step.outputs, copy.outputs):
+                new.name, new.type, new.shape = f"{old.name}__full", old.type, old.shape
+                self.outside[old] = new
+            graph.append(copy)
+
+    @staticmethod
+    def _check(node, ir) -> None:
+        full = node.inputs[0]
+        if full is None or full.dtype != ir.DataType.BOOL:
+            raise ReplicationError("layer 0's window mask is not cut from a boolean mask")
 
 
 def _rewire(reads, plan: LayerPlan, outs: list) -> None:

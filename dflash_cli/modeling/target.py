@@ -198,6 +198,7 @@ class StaticCacheTarget(nn.Module):
         taps, retained = {}, []
         last = self.spec.num_layers - 1 if self.normed_tap is None else self.normed_tap
         # A sliding-window layer sees only the last `window` positions (gpt-oss); its cache still has every slot.
+        # `visible` first: replication finds the full mask as the first input of the window mask's And.
         windowed = {
             w: visible & (slots[None, None, :] > position_ids[:, :, None] - w)[:, None]
             for w in set(self.spec.windows) - {None}
