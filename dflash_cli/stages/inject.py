@@ -8,7 +8,7 @@
 
 No weight is copied: both directories hard-link convert's files and `weights.json` aliases the draft's
 `embed_tokens` / `lm_head` to the target's stored tensors; only `target/dflash.safetensors` (fc and
-hidden_norm, float32) is new. pair.json gains `fc_scale`. Every injected tensor is checked through
+hidden_norm, in the draft's dtype) is new. pair.json gains `fc_scale`. Every injected tensor is checked through
 the written index after writing: a missing one would silently pin acceptance at 1.00.
 """
 
@@ -40,10 +40,11 @@ FP16_HEADROOM = 128.0  # QEfficient's target bound for |fc output| per unit of f
 
 
 def fc_scale(fc_weight: torch.Tensor) -> float:
-    """Divisor that keeps fc outputs in fp16 range; RMSNorm after fc makes any divisor harmless."""
+    """Divisor that keeps fc outputs in fp16 range; RMSNorm after fc makes any divisor harmless. A power
+    of two, so the scaled weight is exact in the checkpoint's own dtype (no float32 copy to store)."""
     in_features = fc_weight.shape[1]
     bound = math.sqrt(in_features) * float(fc_weight.float().norm(dim=1).max())
-    return max(bound / FP16_HEADROOM, 1.0)
+    return 2.0 ** math.ceil(math.log2(bound / FP16_HEADROOM)) if bound > FP16_HEADROOM else 1.0
 
 
 def fused_context(
@@ -60,7 +61,7 @@ def fused_context(
 
 class InjectStage:
     name = "inject"
-    version = 2
+    version = 3  # 3: fc scaled by a power of two, stored in the draft's dtype
     upstream: tuple[str, ...] = ("convert",)
     tools: tuple[str, ...] = ("torch", "safetensors")
 
@@ -68,7 +69,6 @@ class InjectStage:
         return {}  # everything inject reads comes through the convert artifact and its key
 
     def run(self, ctx: StageContext) -> dict[str, Any]:
-        import torch
 
         src = ctx.inputs["convert"]
         pair = PairInfo.from_json((src / PAIR_FILE).read_text(encoding="utf-8"))
@@ -79,16 +79,16 @@ class InjectStage:
         _required(draft, "hidden_norm.weight", "draft")
         lm_head = LM_HEAD_KEY if LM_HEAD_KEY in target else EMBED_KEY  # convert names it; tied fallback anyway
 
-        # Only the small fused-context weights are new bytes; fc stays float32 (its division is not
-        # representable in the checkpoint's bf16 without a second rounding).
-        fc = draft.get("fc.weight", torch.float32)
+        # Only the small fused-context weights are new bytes, in the draft's dtype (a power-of-two
+        # division is exact there).
+        fc = draft.get("fc.weight")
         scale = fc_scale(fc)
         out_target, out_draft = ctx.out_dir / TARGET_DIR, ctx.out_dir / DRAFT_DIR
         out_target.mkdir(parents=True)
         out_draft.mkdir(parents=True)
         ctx.progress(f"writing fused-context weights (fc scaled by 1/{scale:.4g})")
         ckpt.save_state_dict(
-            {TARGET_FC_KEY: fc / scale, TARGET_HIDDEN_NORM_KEY: draft.get("hidden_norm.weight", torch.float32)},
+            {TARGET_FC_KEY: fc / scale, TARGET_HIDDEN_NORM_KEY: draft.get("hidden_norm.weight")},
             out_target / INJECTED_FILE,
         )
         del fc
