@@ -92,9 +92,10 @@ def assert_quantised_runs_agree(common: list[str], prompts_file: Path) -> dict:
     return doc
 
 
-def prefix_and_static(pair: TinyPair, root: Path):
+def prefix_and_static(pair: TinyPair, root: Path, hf_class=None):
     """(engine as built: ONNX Runtime's prefix-cache graphs, engine on the static graphs: what QAIC gets,
-    the target as Hugging Face loads it), the graphs exported with logits (sampling needs them)."""
+    the target as Hugging Face loads it: `hf_class`, else its causal LM), the graphs exported with logits
+    (sampling needs them)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -106,7 +107,7 @@ def prefix_and_static(pair: TinyPair, root: Path):
     assert type(prefix.target).__name__ != "OrtSession", "the build should run the prefix-cache target"
     static = Engine.load(load_recipe(str(root / "recipe.yaml"), ["compile.ort.prefix_cache=false"]), cache)
     assert type(static.target).__name__ == "OrtSession"
-    hf = AutoModelForCausalLM.from_pretrained(str(pair.target_dir), dtype=torch.float32).eval()
+    hf = (hf_class or AutoModelForCausalLM).from_pretrained(str(pair.target_dir), dtype=torch.float32).eval()
     return prefix, static, hf
 
 

@@ -196,12 +196,37 @@ def graph_checks(
     return compare_graph("draft", onnx_path, draft, calls.draft_calls(rng, checks_pair, B, P), C, options.dtype)
 
 
-def _hf_model(cfg, target):
-    """The Hugging Face model of `cfg`, holding the same tensors as our target module (no second copy)."""
+class _TextPathLM(torch.nn.Module):
+    """Hugging Face's own language model of a multimodal family (Qwen3-VL's text model, which has no
+    causal-LM class) under an lm_head: what the multimodal model computes on a text-only prompt."""
+
+    def __init__(self, cfg) -> None:
+        from transformers import AutoModel
+
+        super().__init__()
+        self.model = AutoModel.from_config(cfg, dtype=torch.float32)
+        self.lm_head = torch.nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+
+    def forward(self, input_ids, output_hidden_states: bool = False):
+        from types import SimpleNamespace
+
+        out = self.model(input_ids=input_ids, output_hidden_states=output_hidden_states, use_cache=False)
+        return SimpleNamespace(logits=self.lm_head(out.last_hidden_state), hidden_states=out.hidden_states)
+
+
+def _causal_lm(cfg):
     from transformers import AutoModelForCausalLM
 
+    try:
+        return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    except ValueError:  # no causal-LM class for this text config
+        return _TextPathLM(cfg)
+
+
+def _hf_model(cfg, target):
+    """The Hugging Face model of `cfg`, holding the same tensors as our target module (no second copy)."""
     with torch.device("meta"):
-        hf = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+        hf = _causal_lm(cfg)
     from dflash_cli.modeling.moe import to_hf_state
 
     state = {k: v for k, v in target.state_dict().items() if not k.startswith(("dflash.", "rotary."))}

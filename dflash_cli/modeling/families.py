@@ -30,6 +30,10 @@ FAMILIES: dict[str, Family] = {
     # gpt-oss (20b, 120b): attention sinks, every other layer a 128-token window, biased projections, YaRN;
     # every MLP routed experts. The published drafts' configs name their mask token.
     "gpt_oss": Family("gpt_oss", qk_norm=False, default_mask_token_id=None, moe=True, sliding=True),
+    # Qwen3-VL: a Qwen3 language model (M-RoPE, which equals RoPE on text positions) under a vision tower.
+    "qwen3_vl": Family(
+        "qwen3_vl", qk_norm=True, default_mask_token_id=151669, model_types=("qwen3_vl", "qwen3_vl_text")
+    ),
     # Qwen3.5 / Qwen3.6 dense: Gated DeltaNet layers, every fourth layer gated full attention (text path).
     "qwen3_5": Family(
         "qwen3_5", qk_norm=True, default_mask_token_id=248070, model_types=("qwen3_5", "qwen3_5_text"), hybrid=True
