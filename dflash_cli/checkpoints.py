@@ -49,7 +49,9 @@ TOKENIZER_FILES = (
     "chat_template.jinja",
     "chat_template.json",
 )
-SIDE_FILES = (CONFIG_FILE, GENERATION_CONFIG_FILE, SHARD_INDEX_FILE, *TOKENIZER_FILES)
+# A vision-language checkpoint's image preprocessing (its own processor, loaded at run time).
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json", "video_preprocessor_config.json")
+SIDE_FILES = (CONFIG_FILE, GENERATION_CONFIG_FILE, SHARD_INDEX_FILE, *TOKENIZER_FILES, *PROCESSOR_FILES)
 
 SMALL_FILE_BYTES = 5 * 1024 * 1024
 TAIL_BYTES = 1024 * 1024

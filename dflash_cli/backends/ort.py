@@ -15,6 +15,7 @@ import numpy as np
 from dflash_cli.backends.base import is_cache_input, is_kv_input, retained_name
 from dflash_cli.errors import BackendError
 from dflash_cli.ort_threads import apply_thread_pool
+from dflash_cli.vision_feeds import VisionFeeder
 
 _OPT_LEVELS = {
     "disable": "ORT_DISABLE_ALL",
@@ -92,6 +93,7 @@ class OrtSession:
         self.cache_names = [i.name for i in inputs if is_cache_input(i.name)]
         self.input_names = [i.name for i in inputs if not is_cache_input(i.name)]
         self.output_names = [o.name for o in self._sess.get_outputs() if not o.name.endswith("_RetainedState")]
+        self.vision = VisionFeeder(inputs)
         dtype = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64}
         self._cache_spec = {i.name: (tuple(i.shape), dtype[i.type]) for i in inputs if is_cache_input(i.name)}
         kv = [shape for n, (shape, _) in self._cache_spec.items() if is_kv_input(n)]
@@ -131,6 +133,7 @@ class OrtSession:
         self._parity = 0
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        feeds = self.vision.complete(feeds)
         b = self._bindings[self._parity]
         for n, arr in feeds.items():
             b.bind_cpu_input(n, arr)

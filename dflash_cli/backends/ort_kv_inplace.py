@@ -21,6 +21,7 @@ from dflash_cli.backends.carried_state import CarriedState
 from dflash_cli.backends.ort import OrtSettings, cpu_session
 from dflash_cli.backends.single_row import first_row, pad_single_row
 from dflash_cli.errors import BackendError
+from dflash_cli.vision_feeds import VisionFeeder
 
 
 def is_in_place_graph(onnx_path: Path) -> bool:
@@ -67,6 +68,7 @@ class OrtInPlaceKvSession:
             i.name: np.zeros((1, i.shape[1], slots, i.shape[3]), dtype[i.type]) for i in inputs if i.name in present
         }
         self._binding = self._sess.io_binding()
+        self.vision = VisionFeeder(inputs)
         self._values = []  # the OrtValues wrap the numpy arrays' memory (CPU, no copy): both stay alive here
         for n, arr in self._arrays.items():
             # One buffer is both the input and the output: ONNX Runtime writes the new rows into it.
@@ -90,6 +92,7 @@ class OrtInPlaceKvSession:
         return self._run(feeds)
 
     def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        feeds = self.vision.complete(feeds)  # after single-row padding: the padding row's values too
         positions = np.asarray(feeds["position_ids"])
         n = positions.shape[1]
         start = int(positions[0, 0])

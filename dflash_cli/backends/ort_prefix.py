@@ -25,6 +25,7 @@ from dflash_cli.backends.ort import OrtSettings, cpu_session
 from dflash_cli.backends.ort_kv_inplace import OrtInPlaceKvSession, is_in_place_graph
 from dflash_cli.backends.single_row import first_row, pad_single_row
 from dflash_cli.errors import BackendError
+from dflash_cli.vision_feeds import VisionFeeder
 
 PRESENT_PREFIX = "present_"
 
@@ -73,6 +74,7 @@ class OrtPrefixSession:
         }
         self._positions_input = "context_position_ids" if "context_position_ids" in self.input_names else "position_ids"
         self._binding = self._sess.io_binding()
+        self.vision = VisionFeeder(inputs)
 
     def reset(self, fill: float = 0.0) -> None:
         """Nothing to clear (slots at or beyond a call's first position are never read); `fill` is honoured
@@ -89,6 +91,7 @@ class OrtPrefixSession:
         return self._run(feeds)
 
     def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        feeds = self.vision.complete(feeds)  # after single-row padding: the padding row's values too
         positions = np.asarray(feeds[self._positions_input])
         start = int(positions[0, 0])
         if start < 0 or start + positions.shape[1] > self.ctx_len:

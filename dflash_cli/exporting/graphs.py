@@ -56,8 +56,9 @@ def plan_jobs(src: Path, shape: PairShape, options: ExportOptions, reduced=None)
     target = build_target(src, logits, cfg=target_cfg, layer_ids=layer_ids, device="meta", dtype=dtype, shape=shape)
     draft = build_draft(src, logits, cfg=draft_cfg, vocab=rows, device="meta", dtype=dtype)
     jobs: list[_Job] = []
+    target_symbolic = {"input_ids": 1, "position_ids": 1, **{n: 1 for n in getattr(target, "extra_inputs", ())}}
     for gname, module, store, rename, rope_cfg, sym in (
-        ("target", target, WeightStore.open(src / "target"), None, target_cfg, {"input_ids": 1, "position_ids": 1}),
+        ("target", target, WeightStore.open(src / "target"), None, target_cfg, target_symbolic),
         (
             "draft",
             draft,
@@ -76,6 +77,12 @@ def plan_jobs(src: Path, shape: PairShape, options: ExportOptions, reduced=None)
         device = torch.device("meta")  # the bytes come from `sources`
         sources[prefix + "rotary.cos_table"] = _constant(cos)
         sources[prefix + "rotary.sin_table"] = _constant(sin)
+        if getattr(module, "extra_inputs", ()):  # M-RoPE: which of t / h / w each rotary column follows
+            from dflash_cli.modeling.vl_target import mrope_axes
+
+            sources["mrope_axes"] = _constant(
+                mrope_axes(module.spec.head_dim, rope_cfg.rope_parameters["mrope_section"])
+            )
         stand_in = _one_layer_stand_in(gname, module, rope_cfg, src, options, rows)
         for traced in (module, stand_in):
             if traced is not None:
@@ -182,6 +189,8 @@ def _mixed_layers(module) -> bool:
     """A hybrid target (linear and full attention), a MoE target with some dense MLP layers, or windows that differ."""
     from dflash_cli.modeling.hybrid_target import HybridCacheTarget
 
+    if getattr(module, "deepstack", 0):  # a vision-language target: image features join its first layers only
+        return True
     sparse = len(getattr(module.spec, "sparse_layers", ()))
     # gpt-oss: sliding-window and full layers alternate; replication grows them from a sliding layer 0
     windows = list(getattr(module.spec, "windows", ()) or ())
@@ -313,7 +322,9 @@ def _example_inputs(gname: str, module, shape: PairShape, dtype: torch.dtype, pr
         ]
     ids = torch.zeros(1, B, dtype=torch.long, device=meta)
     if gname == "target":
-        return (ids, torch.zeros(1, B, dtype=torch.long, device=meta), *past)
+        pos = torch.zeros(1, B, dtype=torch.long)
+        extra = [t.to(meta) for t in module.text_inputs(pos, dtype)] if getattr(module, "extra_inputs", ()) else []
+        return (ids, pos.to(meta), *extra, *past)
     return (
         ids,
         torch.zeros(1, B, dtype=torch.long, device=meta),

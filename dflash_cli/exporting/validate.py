@@ -81,6 +81,7 @@ def compare_graph(
     past = [t.numpy() for t in module.empty_cache(ctx_len)]
     checks = []
     for label, feeds in calls:
+        feeds = _with_text_inputs(module, feeds)
         args = [torch.from_numpy(feeds[n]) for n in in_names if n not in cache_names]
         with torch.no_grad():
             ref = [t.numpy() for t in module(*args, *[torch.from_numpy(p) for p in past])]
@@ -96,6 +97,15 @@ def compare_graph(
     return checks
 
 
+def _with_text_inputs(module, feeds: dict) -> dict:
+    """A vision-language target's neutral image inputs for a text call (modeling/vl_target.py)."""
+    extra = getattr(module, "extra_inputs", ())
+    if not extra or all(n in feeds for n in extra):
+        return feeds
+    values = module.text_inputs(torch.from_numpy(feeds["position_ids"]))
+    return {**dict(zip(extra, (v.numpy() for v in values))), **feeds}
+
+
 def target_vs_hf(hf, module, prompt: np.ndarray, ctx_len: int) -> list[Check]:
     """Our static-cache target against the plain Hugging Face forward on one prompt (logits' argmax and the
     fused features recomputed from HF hidden_states[i + 1])."""
@@ -105,7 +115,8 @@ def target_vs_hf(hf, module, prompt: np.ndarray, ctx_len: int) -> list[Check]:
         out = hf(input_ids=ids, output_hidden_states=True)
         feats = torch.cat([out.hidden_states[i + 1] for i in module.layer_ids], dim=-1)
         fused = module.dflash.hidden_norm(module.dflash.fc(feats))
-        ours = module(ids, pos, *module.empty_cache(ctx_len))
+        extra = module.text_inputs(pos) if getattr(module, "extra_inputs", ()) else []
+        ours = module(ids, pos, *extra, *module.empty_cache(ctx_len))
     tokens, context = ours[0], ours[2 if module.emit_logits else 1]
     checks = [Check("target", "vs-huggingface", "tokens", float((tokens != out.logits.argmax(-1)).float().mean()), 0.0)]
     d, tol = _diff("context_features", context.numpy(), fused.numpy())
@@ -185,6 +196,8 @@ def graph_checks(
         )
         fill_weights(target, WeightStore.open(src / "target"), rows=rows)
         target.rotary = Rotary(tcfg)
+        if hasattr(target, "computed_buffers"):
+            target.computed_buffers(tcfg)
         checks = compare_graph(
             "target", onnx_path, target, calls.target_calls(rng, checks_pair, B, P), C, options.dtype
         )

@@ -20,6 +20,8 @@ class Family:
     moe: bool = False
     # Sliding-window attention layers (config `layer_types`), computed with their window
     sliding: bool = False
+    # Images in: a vision tower graph and a language model taking its features (modeling/vl_target.py)
+    vision: bool = False
 
 
 FAMILIES: dict[str, Family] = {
@@ -32,7 +34,7 @@ FAMILIES: dict[str, Family] = {
     "gpt_oss": Family("gpt_oss", qk_norm=False, default_mask_token_id=None, moe=True, sliding=True),
     # Qwen3-VL: a Qwen3 language model (M-RoPE, which equals RoPE on text positions) under a vision tower.
     "qwen3_vl": Family(
-        "qwen3_vl", qk_norm=True, default_mask_token_id=151669, model_types=("qwen3_vl", "qwen3_vl_text")
+        "qwen3_vl", qk_norm=True, default_mask_token_id=151669, model_types=("qwen3_vl", "qwen3_vl_text"), vision=True
     ),
     # Qwen3.5 / Qwen3.6 dense: Gated DeltaNet layers, every fourth layer gated full attention (text path).
     "qwen3_5": Family(

@@ -27,6 +27,16 @@ def _hf_config(config_path: Path, **overrides):
     return cfg
 
 
+def vision_config(artifact_dir: Path) -> dict:
+    """A vision-language target's tower config and image token ids (text_path.vision_config), as convert kept them."""
+    from dflash_cli.text_path import VISION_CONFIG_FILE
+
+    path = artifact_dir / "target" / VISION_CONFIG_FILE
+    if not path.is_file():
+        raise CheckpointError(f"no {VISION_CONFIG_FILE} in {path.parent}", hint="rebuild: `dflash build --force`")
+    return json.loads(path.read_text())
+
+
 def load_pair_info(artifact_dir: Path) -> dict:
     return json.loads((artifact_dir / "pair.json").read_text())
 
@@ -56,7 +66,12 @@ def build_target(
     cfg = cfg or target_config(artifact_dir)
     ids = layer_ids if layer_ids is not None else load_pair_info(artifact_dir)["target_layer_ids"]
     with torch.device(device):
-        if family_for(cfg.model_type).hybrid:
+        if family_for(cfg.model_type).vision:
+            from dflash_cli.modeling.vl_target import VisionLanguageTarget
+
+            deepstack = len(vision_config(artifact_dir)["vision_config"].get("deepstack_visual_indexes", ()))
+            model = VisionLanguageTarget(cfg, ids, emit_logits=emit_logits, deepstack=deepstack).eval()
+        elif family_for(cfg.model_type).hybrid:
             from dflash_cli.modeling.hybrid_target import HybridCacheTarget
 
             calls = {} if shape is None else {"longest_call": shape.longest_call, "keep_rows": shape.block}
@@ -134,6 +149,8 @@ def load_target(artifact_dir: Path, emit_logits: bool = False):
     model = build_target(artifact_dir, emit_logits, cfg=cfg, device="meta", dtype=torch.float32)
     fill_weights(model, WeightStore.open(artifact_dir / "target"))
     model.rotary = Rotary(cfg)  # rope tables are computed, not loaded
+    if hasattr(model, "computed_buffers"):
+        model.computed_buffers(cfg)
     return model.eval()
 
 

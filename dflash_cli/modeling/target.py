@@ -189,12 +189,16 @@ class StaticCacheTarget(nn.Module):
         for layer in self.model.layers:
             layer.self_attn.prefix_cache = on
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, *past: torch.Tensor):
+    # Inputs between position_ids and the caches (a vision-language target's, modeling/vl_target.py).
+    extra_inputs: tuple[str, ...] = ()
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, *rest: torch.Tensor):
+        extra, past = rest[: len(self.extra_inputs)], rest[len(self.extra_inputs) :]
         slots_seen = past[0].shape[1] + input_ids.shape[1] if self.prefix_cache else past[0].shape[2]
-        cos, sin = self.rotary(position_ids)
+        cos, sin = self.rope(position_ids, *extra)
         slots = torch.arange(slots_seen, device=input_ids.device)
         visible = (slots[None, None, :] <= position_ids[:, :, None])[:, None]  # [b, 1, s, C]
-        x = self.model.embed_tokens(input_ids)
+        x = self.embed(input_ids, *extra)
         taps, retained = {}, []
         last = self.spec.num_layers - 1 if self.normed_tap is None else self.normed_tap
         # A sliding-window layer sees only the last `window` positions (gpt-oss); its cache still has every slot.
@@ -209,6 +213,7 @@ class StaticCacheTarget(nn.Module):
             retained += [k, v]
             if i in self.layer_ids and i != last:
                 taps[i] = x
+            x = self.after_layer(i, x, *extra)
         normed = self.model.norm(x)
         # The feature of layer i is Hugging Face's hidden_states[i + 1]; for the last layer that entry
         # is taken after the final norm, and drafts are trained on exactly that.
@@ -219,6 +224,15 @@ class StaticCacheTarget(nn.Module):
         head = (tokens, logits, context) if self.emit_logits else (tokens, context)
         return (*head, *retained)
 
+    def rope(self, position_ids: torch.Tensor, *extra: torch.Tensor):
+        return self.rotary(position_ids)
+
+    def embed(self, input_ids: torch.Tensor, *extra: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(input_ids)
+
+    def after_layer(self, i: int, x: torch.Tensor, *extra: torch.Tensor) -> torch.Tensor:
+        return x
+
     def empty_cache(self, ctx_len: int, batch: int = 1, dtype=torch.float32) -> list[torch.Tensor]:
         shape = (batch, self.spec.kv_heads, ctx_len, self.spec.head_dim)
         return [torch.zeros(shape, dtype=dtype) for _ in range(2 * self.spec.num_layers)]
@@ -226,4 +240,5 @@ class StaticCacheTarget(nn.Module):
     def io_names(self) -> tuple[list[str], list[str]]:
         cache_in = [f"past_{kv}.{i}" for i in range(self.spec.num_layers) for kv in ("key", "value")]
         head = ["tokens", "logits", "context_features"] if self.emit_logits else ["tokens", "context_features"]
-        return ["input_ids", "position_ids", *cache_in], [*head, *cache_outputs(cache_in, self.prefix_cache)]
+        ins = ["input_ids", "position_ids", *self.extra_inputs, *cache_in]
+        return ins, [*head, *cache_outputs(cache_in, self.prefix_cache)]

@@ -25,7 +25,7 @@ from dflash_cli import checkpoints as ckpt
 from dflash_cli.errors import CheckpointError
 from dflash_cli.pair import PAIR_FILE, PairInfo, draft_weight_shapes, resolve_pair
 from dflash_cli.stages.base import StageContext
-from dflash_cli.text_path import text_config, text_weights
+from dflash_cli.text_path import VISION_CONFIG_FILE, text_config, text_weights, vision_config
 from dflash_cli.weights import WeightStore, link_or_copy, write_index
 
 EMBED_KEY = "model.embed_tokens.weight"
@@ -74,7 +74,7 @@ class ConvertStage:
         ctx.progress("linking target weights")
         write_configs(ctx.out_dir, described)
         out_target, out_draft = ctx.out_dir / TARGET_DIR, ctx.out_dir / DRAFT_DIR
-        for name in (ckpt.GENERATION_CONFIG_FILE, ckpt.SHARD_INDEX_FILE, *ckpt.TOKENIZER_FILES):
+        for name in (ckpt.GENERATION_CONFIG_FILE, ckpt.SHARD_INDEX_FILE, *ckpt.TOKENIZER_FILES, *ckpt.PROCESSOR_FILES):
             if (target_dir / name).is_file():
                 shutil.copyfile(target_dir / name, out_target / name)
         copied = _link_files(target_dir, target.files(), out_target)
@@ -105,6 +105,7 @@ class Described:
     draft_cfg: dict[str, Any]  # the draft's own config.json
     pair: PairInfo
     target: WeightStore  # the target checkpoint's tensors, by their headers
+    vision_cfg: dict[str, Any] | None = None  # a vision-language target's tower config and image token ids
 
 
 def describe(recipe: Any) -> Described:
@@ -118,7 +119,8 @@ def describe(recipe: Any) -> Described:
     _check_layer_kinds(target_dir, target_cfg, "target")
     _check_layer_kinds(draft_dir, draft_cfg, "draft")
     _check_tokenizer(target_dir)
-    target = text_weights(WeightStore.open(target_dir))
+    vision = vision_config(raw_target_cfg) if _family_has(target_cfg.get("model_type"), "vision") else None
+    target = text_weights(WeightStore.open(target_dir), with_vision=vision is not None)
     if EMBED_KEY not in target:
         raise CheckpointError(
             f"target weights have no {EMBED_KEY}", hint="point target.path at a Hugging Face causal LM checkpoint"
@@ -135,7 +137,7 @@ def describe(recipe: Any) -> Described:
         int(target.shape(EMBED_KEY)[0]),
         generation_cfg=ckpt.load_generation_config(target_dir),
     )
-    return Described(target_dir, draft_dir, target_cfg, draft_cfg, pair, target)
+    return Described(target_dir, draft_dir, target_cfg, draft_cfg, pair, target, vision)
 
 
 def write_configs(out_dir: Path, described: Described) -> None:
@@ -143,6 +145,8 @@ def write_configs(out_dir: Path, described: Described) -> None:
     for sub in (TARGET_DIR, DRAFT_DIR):
         (out_dir / sub).mkdir(parents=True, exist_ok=True)
     _write_json(out_dir / TARGET_DIR / ckpt.CONFIG_FILE, described.target_cfg)
+    if described.vision_cfg is not None:
+        _write_json(out_dir / TARGET_DIR / VISION_CONFIG_FILE, described.vision_cfg)
     _write_json(out_dir / DRAFT_DIR / ckpt.CONFIG_FILE, _resolved_draft_config(described.draft_cfg, described.pair))
     (out_dir / PAIR_FILE).write_text(described.pair.to_json(), encoding="utf-8")
 
