@@ -28,6 +28,8 @@ LAYERS = {
     "cache_upkeep": 0,
     "process_memory": 0,
     "hashing": 0,
+    "vision_feeds": 0,  # a vision-language target's per-call image inputs (the backends fill them)
+    "image_inputs": 1,  # images into a prompt: the tower's feeds, M-RoPE positions (exporting and decoding)
     "ort_threads": 0,  # ONNX Runtime's process-wide thread pool: exporting/ and backends/ both open sessions
     "__init__": 0,
     "modeling": 1,

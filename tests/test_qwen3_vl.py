@@ -1,13 +1,15 @@
-"""Qwen3-VL targets, text-only prompts: a tiny random Qwen3VLForConditionalGeneration (its published layout:
-text_config, model.language_model.*, a vision tower with deepstack mergers) through the real pipeline, against
-the multimodal model's own `generate`. On text positions its M-RoPE equals RoPE, so the language model is the
-Qwen3 target module; images are issue 34's next step."""
+"""Qwen3-VL targets: a tiny random Qwen3VLForConditionalGeneration (its published layout: text_config,
+model.language_model.*, a vision tower with deepstack mergers) through the real pipeline, against the
+multimodal model's own `generate`, on text-only prompts and on prompts with one and with two images (the
+images through our vision graph, their features into the language graph with M-RoPE positions)."""
 
 from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
+import torch
 
 from tests.engines import assert_every_mode_equals_hf, assert_sampling_same_seed, mixed_prompts, prefix_and_static
 from tests.fixtures.tiny_pairs import make_pair
@@ -59,3 +61,87 @@ def test_export_validated_against_the_text_model(built) -> None:
     assert {c["output"] for c in hf_checks} >= {"tokens", "context_features"} and all(c["ok"] for c in hf_checks)
     facts = json.loads((engine.export_dir / "export.json").read_text())
     assert facts["graphs"]["target"]["num_layers"] == 4
+
+
+def _image_prompts(hf, n: int) -> list[tuple[list[int], np.ndarray, tuple]]:
+    """(ids, pixel rows, grids): 1 or 2 images of random pixels and grids, text before, between and after,
+    each image's tokens expanded as the processor does (start, one token per merged 2x2 patch, end)."""
+    c = hf.config
+    rng = np.random.default_rng(11)
+    width = 3 * 2 * 8 * 8  # channels x temporal patch x 8 x 8 pixels
+    text_top = min(c.image_token_id, c.video_token_id, c.vision_start_token_id, c.vision_end_token_id)
+    out = []
+    for i in range(n):
+        grids = tuple((1, 2 * int(rng.integers(1, 4)), 2 * int(rng.integers(1, 4))) for _ in range(1 + i % 2))
+        ids = list(map(int, rng.integers(2, text_top, int(rng.integers(1, 6)))))
+        for g in grids:
+            ids += [c.vision_start_token_id] + [c.image_token_id] * (int(np.prod(g)) // 4) + [c.vision_end_token_id]
+            ids += list(map(int, rng.integers(2, text_top, int(rng.integers(0, 9)))))
+        pixels = rng.standard_normal((sum(int(np.prod(g)) for g in grids), width)).astype(np.float32)
+        out.append((ids, pixels, grids))
+    return out
+
+
+def _hf_image_generate(hf, ids, pixels, grids, new_tokens: int) -> list[int]:
+    with torch.no_grad():
+        out = hf.generate(
+            torch.tensor([ids]),
+            pixel_values=torch.from_numpy(pixels),
+            image_grid_thw=torch.tensor(grids),
+            mm_token_type_ids=(torch.tensor([ids]) == hf.config.image_token_id).int(),
+            max_new_tokens=new_tokens,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    return out[0, len(ids) :].tolist()
+
+
+@pytest.mark.slow
+def test_image_prompts_in_every_mode_equal_hf_generate(built) -> None:
+    """24 prompts with one or two images: every mode, both graph forms == Hugging Face's generate."""
+    engines, hf = built
+    forms = dict(zip(("prefix", "static"), engines))
+    for ids, pixels, grids in _image_prompts(hf, 24):
+        want = _hf_image_generate(hf, ids, pixels, grids, NEW_TOKENS)
+        for form, engine in forms.items():
+            images = engine.images.prompt(ids, pixels, np.array(grids))
+            for mode in MODES:
+                got = engine.generate(ids, mode=mode, max_new_tokens=NEW_TOKENS, images=images).tokens
+                assert got == want, f"{form} {mode}, {len(grids)} image(s), grids {grids}"
+
+
+@pytest.mark.slow
+def test_image_sampling_same_seed_equals_plain(built) -> None:
+    (engine, _), hf = built
+    for seed, (ids, pixels, grids) in enumerate(_image_prompts(hf, 6)):
+        images = engine.images.prompt(ids, pixels, np.array(grids))
+        runs = {
+            m: engine.generate(
+                ids, mode=m, max_new_tokens=16, temperature=0.8, top_p=0.95, seed=seed, images=images
+            ).tokens
+            for m in MODES
+        }
+        assert all(r == runs["plain"] for r in runs.values()), f"seed {seed}"
+
+
+@pytest.mark.slow
+def test_vision_graph_validated_against_hf_tower(built) -> None:
+    (engine, _), _ = built
+    report = json.loads((engine.export_dir / "validation.json").read_text())
+    vision = [c for c in report["checks"] if c["graph"] == "vision"]
+    assert {c["output"] for c in vision} == {"vision_embeds", "deepstack_embeds"} and len(vision) == 4
+    assert all(c["ok"] and c["max_diff"] < 1e-5 for c in vision)
+
+
+def test_images_that_do_not_match_the_prompt_are_a_clear_error(built) -> None:
+    from dflash_cli.errors import GenerationError
+
+    (engine, _), hf = built
+    ids, pixels, grids = _image_prompts(hf, 1)[0]
+    fewer = [t for t in ids if t != hf.config.image_token_id]  # the images' tokens left out
+    with pytest.raises(GenerationError, match="images do not match the prompt"):
+        engine.images.prompt(fewer, pixels, np.array(grids))
+    images = engine.images.prompt(ids, pixels, np.array(grids))
+    with pytest.raises(GenerationError, match="made for another prompt"):
+        engine.generate(ids + [5], mode="plain", max_new_tokens=2, images=images)

@@ -23,6 +23,7 @@ from dflash_cli.decoding.result import GenerationResult
 from dflash_cli.decoding.sampling import SamplingConfig
 from dflash_cli.decoding.target_calls import TimedSession, padded
 from dflash_cli.errors import BackendError, GenerationError
+from dflash_cli.vision_feeds import ImagePrompt
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,11 @@ class Engine:
         self.weight_bytes = {
             g: _weight_bytes(artifacts.compile, info["graphs"][g]["onnx"], backend) for g in ("target", "draft")
         }
+        self.images = None  # a vision-language target's (decoding/images.py)
+        if "vision" in info["graphs"]:
+            from dflash_cli.decoding.images import ImageReader
+
+            self.images = ImageReader(artifacts.inject / "target", artifacts.compile / info["graphs"]["vision"]["onnx"])
 
     @property
     def draft(self):
@@ -223,11 +229,29 @@ class Engine:
         top_p: float = 1.0,
         seed: int = 0,
         on_commit=None,
+        images: ImagePrompt | None = None,
     ) -> GenerationResult:
+        """`images`: a vision-language prompt's image inputs (ImageReader.prompt / encode) for `prompt_ids`."""
         mode = canonical(mode)  # an old name ("pld") runs its mode, reported by the mode's one name
         if mode not in MODES:
             raise GenerationError(f"unknown mode {mode!r}", hint=f"one of {', '.join(MODES)}")
         self.check_request(prompt_ids, max_new_tokens, temperature, top_k, top_p)
+        sessions = [s for s in (self.target, self._plain_target) if s is not None]
+        if images is not None:
+            if self.images is None or not all(getattr(s, "vision", None) for s in sessions):
+                raise GenerationError("this target takes no images", hint="a vision-language build (Qwen3-VL) does")
+            if images.length != len(prompt_ids):
+                raise GenerationError("the image inputs were made for another prompt", hint="this is a dflash bug")
+        feeders = [s.vision for s in sessions if getattr(s, "vision", None) is not None]
+        for f in feeders:
+            f.prompt = images  # the target's calls of this sequence take them (vision_feeds.py)
+        try:
+            return self._generate(prompt_ids, mode, max_new_tokens, temperature, top_k, top_p, seed, on_commit)
+        finally:
+            for f in feeders:
+                f.prompt = None
+
+    def _generate(self, prompt_ids, mode, max_new_tokens, temperature, top_k, top_p, seed, on_commit):
         cfg = LoopConfig(max_new_tokens, frozenset(self.eos_token_ids), SamplingConfig(temperature, top_k, top_p, seed))
         if mode == "plain" and self._plain_target is not None:
             self._plain_target.reset()

@@ -93,6 +93,15 @@ def plan_jobs(src: Path, shape: PairShape, options: ExportOptions, reduced=None)
         # StaticCacheTarget.use_prefix_cache); `written` makes it point at the weights already written.
         for flavour in ("", "_prefix") if options.prefix_graphs else ("",):
             jobs.append(_Job(gname, flavour, module, stand_in, store, rename, sources, sym))
+    if reduced is None and getattr(target, "extra_inputs", ()):  # a vision-language target: its tower too
+        from dflash_cli.exporting import vision_graph
+
+        tower = vision_graph.build_vision(src, dtype=dtype)
+        store, rename = WeightStore.open(src / "target"), lambda n: vision_graph.VISION_STORE_PREFIX + n
+        sources = weight_initializers(tower, store, rename, dtype, None)
+        sources["inv_freq"] = _constant(vision_graph.inv_freq(src))
+        ins, _ = tower.io_names()
+        jobs.append(_Job(vision_graph.GRAPH, "", tower, None, store, rename, sources, dict.fromkeys(ins, 0)))
     return jobs
 
 
@@ -122,7 +131,9 @@ def _export_jobs(
                 reduced.grow(job.gname, template, job.store, job.rename, written)
         if nbytes is None:
             model, by_graph_name = _trace(replace(job, stand_in=None), shape, options)
-            nbytes = save_streamed(model, path, by_graph_name, written, report, defer=options.lean)
+            # A vision tower keeps its weights: validation runs its graph as exported (lean or not).
+            defer = options.lean and job.gname != "vision"
+            nbytes = save_streamed(model, path, by_graph_name, written, report, defer=defer)
         origins[path.name] = {n: src.origin for n, src in by_graph_name.items() if src.origin is not None}
         graphs[name] = {
             **graph_facts(job.gname, job.module, shape, job.flavour),
@@ -156,6 +167,11 @@ def _trace(job: _Job, shape: PairShape, options: ExportOptions):
             m.use_prefix_cache(job.flavour == "_prefix")
     traced = job.stand_in if job.stand_in is not None else job.module
     ins, outs = traced.io_names()
+    if job.gname == "vision":
+        from dflash_cli.exporting.vision_graph import example_inputs
+
+        example = example_inputs(traced, options.torch_dtype)
+        return trace_template(traced, example, ins, outs, job.sym, job.sources, options.opset)
     prefix_cache = job.flavour == "_prefix"
     example = _example_inputs(job.gname, traced, shape, options.torch_dtype, prefix_cache=prefix_cache)
     # The prefix form's symbolic cache inputs: K/V's filled slots, and a hybrid target's pending rows.
@@ -214,6 +230,10 @@ def layer_plan(gname: str, module) -> LayerPlan:
 
 def graph_facts(gname: str, module, shape: PairShape, flavour: str = "") -> dict[str, Any]:
     """What export.json records of one graph (io names, cache geometry, the seq_len of each call kind)."""
+    if gname == "vision":
+        from dflash_cli.exporting.vision_graph import facts
+
+        return facts(module)
     ins, outs = module.io_names()
     spec = module.spec if gname == "target" else None
     windows = list(getattr(spec, "windows", ()) or ())  # gpt-oss sliding-window layers: the compile fuses with them

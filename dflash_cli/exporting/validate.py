@@ -133,9 +133,14 @@ def validate_export(
     """Check the exported graphs, or (`reduced`) the reduced model's graphs grown beside them.
 
     Returns the checks and the mode's description."""
+    vision = []
+    if (out / "vision.onnx").is_file():  # a vision-language target's tower, whole in either mode
+        progress("validating the vision tower's graph against Hugging Face's")
+        vision = vision_checks(src, out / "vision.onnx", options.dtype)
     if reduced is None:
         progress("validating the ONNX graphs against PyTorch and Hugging Face")
-        return [c for g in GRAPHS for c in graph_checks(g, src, out / f"{g}.onnx", shape, options, pair)], "full"
+        checks = [c for g in GRAPHS for c in graph_checks(g, src, out / f"{g}.onnx", shape, options, pair)]
+        return checks + vision, "full"
     plan = reduced.plan
     try:
         path = reduced.path
@@ -148,7 +153,7 @@ def validate_export(
             path = lambda gname: traced / f"{gname}.onnx"  # noqa: E731
         progress(f"validating a {plan.layers}-layer, {plan.rows}-row reduced model grown from the same traced layers")
         checks = [c for g in GRAPHS for c in graph_checks(g, src, path(g), shape, options, pair, plan)]
-        return checks, plan.describe()
+        return checks + vision, plan.describe()
     finally:
         reduced.remove()
 
@@ -258,3 +263,47 @@ def _hf_model(cfg, target):
     if leftover:
         raise RuntimeError(f"Hugging Face model has unfilled tensors: {leftover[:5]}")
     return hf.eval()
+
+
+# Two images' patch grids (t, h, w): a rectangle and a small square, each a whole number of merge units.
+CHECK_GRIDS = ((1, 4, 6), (1, 2, 2))
+
+
+def vision_checks(src: Path, onnx_path: Path, dtype: str = "fp32") -> list:
+    """The exported tower against Hugging Face's own, on random pixels of CHECK_GRIDS (one call each)."""
+    import numpy as np
+    from transformers import AutoModel
+
+    from dflash_cli.exporting.vision_graph import GRAPH, VISION_STORE_PREFIX, tower_config
+    from dflash_cli.image_inputs import tower_inputs
+    from dflash_cli.weights import WeightStore
+
+    cfg = tower_config(src)
+    with torch.device("meta"):
+        hf = AutoModel.from_config(cfg, dtype=torch.float32)
+    store = WeightStore.open(src / "target")
+    state = {n: store.get(VISION_STORE_PREFIX + n, torch.float32) for n, _ in hf.named_parameters()}
+    hf.load_state_dict(state, strict=False, assign=True)
+    fresh = type(hf.rotary_pos_emb)(cfg)  # a computed buffer: not in the checkpoint
+    hf.rotary_pos_emb.inv_freq, hf.rotary_pos_emb.original_inv_freq = fresh.inv_freq, fresh.original_inv_freq
+    hf.eval()
+    sess = _session(onnx_path)
+    float_type = np.float16 if dtype == "fp16" else np.float32
+    rng = np.random.default_rng(0)
+    checks = []
+    width = cfg.in_channels * cfg.temporal_patch_size * cfg.patch_size**2
+    for grid in CHECK_GRIDS:
+        pixels = rng.standard_normal((int(np.prod(grid)), width)).astype(np.float32)
+        with torch.no_grad():
+            ref = hf(torch.from_numpy(pixels), grid_thw=torch.tensor([grid]))
+        feeds = tower_inputs(pixels, grid, cfg)
+        feeds = {n: v.astype(float_type) if v.dtype == np.float32 else v for n, v in feeds.items()}
+        embeds, deep = sess.run(None, feeds)
+        label = "image {}x{}".format(*grid[1:])
+        for name, got, want in (
+            ("vision_embeds", embeds, ref.pooler_output.numpy()),
+            ("deepstack_embeds", deep, torch.stack(ref.deepstack_features).numpy()),
+        ):
+            d, tol = _diff(name, got, want, dtype)
+            checks.append(Check(GRAPH, label, name, d, tol))
+    return checks

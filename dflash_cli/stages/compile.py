@@ -225,6 +225,8 @@ def _compile_ort(ctx: StageContext) -> dict[str, Any]:
         facts["prefix_attention"] = f"unfused ({off} is false)"
     if ort_cfg.fuse:
         for gname, g in info["graphs"].items():
+            if gname == "vision":  # its LayerNorms and GELUs are ONNX Runtime's own fusions already
+                continue
             path = out / g["onnx"]
             fused = path.with_name(path.stem + ".fused.onnx")
             # Only the prefix-cache target: its attention is causal (the draft's block attention is not) and
@@ -256,7 +258,8 @@ def _compile_ort(ctx: StageContext) -> dict[str, Any]:
     weights = {g: graph_weight_bytes(out / v["onnx"]) for g, v in info["graphs"].items()}
     facts["session_weight_bytes"] = weights
     budget = max(CHECK_FLOOR_BYTES, int(info.get("target_checkpoint_bytes", 0)))
-    static = [g for g in info["graphs"] if not g.endswith("_prefix")]  # a prefix-cache graph reads the same weights
+    # A prefix-cache graph reads the same weights; a vision tower is checked against its export on its own.
+    static = [g for g in info["graphs"] if not g.endswith("_prefix") and g != "vision"]
     if sum(weights[g] for g in static) <= budget:
         settings = OrtSettings(intra_op_threads=ort_cfg.intra_op_threads, graph_optimization=ort_cfg.graph_optimization)
         pair = json.loads((src / "pair.json").read_text())

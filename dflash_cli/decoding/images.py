@@ -1,0 +1,99 @@
+"""A vision-language engine's images: the checkpoint's own processor, our vision graph, one image per call.
+
+`ImageReader.prompt(ids, pixel_values, grids)` turns a processed prompt (token ids with each image's
+tokens already expanded, the processor's pixel rows and patch grids) into the per-slot inputs the target
+takes (vision_feeds.ImagePrompt). `encode(text_or_messages, images)` runs the checkpoint's processor
+first (its chat template, resizing and normalising, image-token expansion).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dflash_cli.errors import GenerationError
+from dflash_cli.vision_feeds import ImagePrompt
+
+MAX_IMAGE_PIXELS = 64 * 1024 * 1024  # a decoded image larger than this is refused, not resized
+
+
+class ImageReader:
+    def __init__(self, target_dir: Path, vision_onnx: Path) -> None:
+        from transformers import AutoConfig
+
+        from dflash_cli.text_path import VISION_CONFIG_FILE
+
+        self.target_dir = target_dir
+        vision = json.loads((target_dir / VISION_CONFIG_FILE).read_text())
+        text = json.loads((target_dir / "config.json").read_text())
+        fields = {k: v for k, v in vision.items() if k != "model_type"}
+        self.config = AutoConfig.for_model(vision["model_type"], text_config=text, **fields)
+        self._vision_onnx = vision_onnx
+        self._session = None
+        self._processor = None
+
+    def _run_tower(self, feeds: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        if self._session is None:
+            import onnxruntime as ort
+
+            from dflash_cli.ort_threads import apply_thread_pool
+
+            opts = ort.SessionOptions()
+            opts.log_severity_level = 3
+            apply_thread_pool(opts)  # the engine's shared pool, where it has one
+            self._session = ort.InferenceSession(str(self._vision_onnx), opts, providers=["CPUExecutionProvider"])
+        embeds, deep = self._session.run(None, feeds)
+        return embeds.astype(np.float32), deep.astype(np.float32)
+
+    def prompt(self, input_ids: list[int], pixel_values: np.ndarray, grids: np.ndarray) -> ImagePrompt:
+        from dflash_cli.image_inputs import image_prompt
+
+        try:
+            return image_prompt(input_ids, np.asarray(pixel_values), grids, self.config, self._run_tower)
+        except ValueError as exc:
+            raise GenerationError(
+                f"images do not match the prompt: {exc}", hint="one image per image placeholder"
+            ) from exc
+
+    @property
+    def processor(self):
+        if self._processor is None:
+            from transformers import AutoProcessor
+
+            try:
+                self._processor = AutoProcessor.from_pretrained(str(self.target_dir))
+            except (OSError, ValueError) as exc:
+                raise GenerationError(
+                    f"this target has no usable image processor: {str(exc).splitlines()[0][:200]}",
+                    hint="copy the checkpoint's preprocessor_config.json (and processor files) beside its config",
+                ) from None
+        return self._processor
+
+    def encode(self, messages: list[dict[str, Any]], images: list) -> tuple[list[int], ImagePrompt]:
+        """Chat messages whose content parts place the images ({"type": "image"}), and the images (PIL)."""
+        proc = self.processor
+        text = proc.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        batch = proc(text=[text], images=images, return_tensors="np")
+        ids = [int(t) for t in batch["input_ids"][0]]
+        return ids, self.prompt(ids, batch["pixel_values"], batch["image_grid_thw"])
+
+
+def open_image(path: str | Path):
+    """A local image file as RGB, or a one-line error (missing, not an image, truncated, huge)."""
+    from PIL import Image, UnidentifiedImageError
+
+    Image.MAX_IMAGE_PIXELS = MAX_IMAGE_PIXELS
+    try:
+        with Image.open(path) as img:
+            img.load()
+            return img.convert("RGB")
+    except FileNotFoundError:
+        raise GenerationError(f"image not found: {path}", hint="give a path to a local image file") from None
+    except (UnidentifiedImageError, OSError, Image.DecompressionBombError, SyntaxError) as exc:
+        raise GenerationError(
+            f"cannot read image {path}: {str(exc).splitlines()[0][:160]}",
+            hint=f"a PNG, JPEG or WebP image of at most {MAX_IMAGE_PIXELS // 2**20} megapixels",
+        ) from None

@@ -1,0 +1,95 @@
+"""Images into a vision-language prompt: the checkpoint's own processor and position rules, our graphs.
+
+* `tower_inputs`: what the vision graph takes for one image, from its patch grid, computed by
+  transformers' own helpers (the resampled position embedding's gather indices and weights, the 2-D
+  rotary positions), grouped by merge unit as the graph wants them.
+* `image_prompt`: the prompt's per-slot vision inputs (vision_feeds.ImagePrompt): each image's tower
+  outputs at its image tokens, and M-RoPE positions from Hugging Face's own `get_rope_index`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import SimpleNamespace
+
+import numpy as np
+
+from dflash_cli.vision_feeds import ImagePrompt
+
+
+def tower_inputs(pixel_values: np.ndarray, grid_thw, vcfg) -> dict[str, np.ndarray]:
+    """One image's vision-graph feeds: pixel rows [n, width] and its grid (t, h, w), n = t * h * w."""
+    import torch
+    from transformers.vision_utils import get_vision_interpolation_indices_and_weights, get_vision_position_ids
+
+    grid = torch.as_tensor(np.asarray(grid_thw, np.int64).reshape(1, 3))
+    merge = vcfg.spatial_merge_size
+    side = int(vcfg.num_position_embeddings**0.5)
+    indices, weights = get_vision_interpolation_indices_and_weights(
+        grid, num_grid_per_side=side, mode="bilinear", align_corners=True, spatial_merge_size=merge
+    )
+    positions = get_vision_position_ids(grid, merge)
+    unit = merge * merge
+
+    def grouped(a) -> np.ndarray:
+        a = np.asarray(a)
+        return np.ascontiguousarray(a.reshape(a.shape[0] // unit, unit, *a.shape[1:]))
+
+    return {
+        "pixel_values": grouped(np.asarray(pixel_values, np.float32)),
+        "interp_indices": grouped(indices.numpy().astype(np.int64)),
+        "interp_weights": grouped(weights.numpy().astype(np.float32)),
+        "rope_positions": grouped(positions.numpy().astype(np.int64)),
+    }
+
+
+def rope_index(input_ids: list[int], grids: np.ndarray, full_cfg) -> tuple[np.ndarray, int]:
+    """M-RoPE positions [P, 3] of a prompt and the offset after it, by Hugging Face's own rule."""
+    import torch
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLModel
+
+    ids = torch.tensor([input_ids])
+    types = (ids == full_cfg.image_token_id).int()
+    shim = SimpleNamespace(
+        config=full_cfg, get_vision_position_ids=lambda *a, **k: Qwen3VLModel.get_vision_position_ids(None, *a, **k)
+    )
+    grid = torch.as_tensor(np.asarray(grids, np.int64).reshape(-1, 3)) if len(grids) else None
+    positions, delta = Qwen3VLModel.get_rope_index(shim, ids, types, image_grid_thw=grid)
+    return positions[:, 0].T.numpy().astype(np.int64), int(delta.reshape(-1)[0])
+
+
+def image_prompt(
+    input_ids: list[int], pixel_values: np.ndarray, grids: np.ndarray, full_cfg, run_tower: Callable
+) -> ImagePrompt:
+    """The prompt's ImagePrompt; `run_tower(feeds)` runs the vision graph on one image's feeds and returns
+    (vision_embeds [m, H], deepstack_embeds [k, m, H])."""
+    vcfg = full_cfg.vision_config
+    ids = np.asarray(input_ids)
+    slots = np.flatnonzero(ids == full_cfg.image_token_id)
+    grids = np.asarray(grids, np.int64).reshape(-1, 3)
+    unit = vcfg.spatial_merge_size**2
+    tokens = [int(g.prod()) // unit for g in grids]
+    if len(slots) != sum(tokens):
+        raise ValueError(f"the prompt has {len(slots)} image tokens, its images {sum(tokens)}")
+    embeds, deep, start = [], [], 0
+    for grid in grids:
+        rows = int(grid.prod())
+        e, d = run_tower(tower_inputs(pixel_values[start : start + rows], grid, vcfg))
+        embeds.append(e)
+        deep.append(np.moveaxis(d, 0, 1))  # [m, k, H]
+        start += rows
+    P = len(ids)
+    H, k = embeds[0].shape[-1] if embeds else 0, deep[0].shape[1] if deep else 0
+    rope, offset = rope_index(list(ids), grids, full_cfg)
+    prompt = ImagePrompt(
+        rope=rope,
+        embeds=np.zeros((P, H), np.float32),
+        mask=np.zeros(P, np.float32),
+        deepstack=np.zeros((P, k, H), np.float32),
+        offset=offset,
+    )
+    if len(slots):
+        prompt.embeds[slots] = np.concatenate(embeds)
+        prompt.mask[slots] = 1.0
+        prompt.deepstack[slots] = np.concatenate(deep)
+    return prompt
