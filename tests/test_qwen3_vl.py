@@ -82,6 +82,11 @@ def _image_prompts(hf, n: int) -> list[tuple[list[int], np.ndarray, tuple]]:
     return out
 
 
+def _agrees(engine, got: list[int], want: list[int], new_tokens: int) -> bool:
+    """Our tokens are Hugging Face's (which runs on past an end-of-sequence token) up to where ours stopped."""
+    return got == want[: len(got)] and (len(got) == new_tokens or got[-1] in engine.eos_token_ids)
+
+
 def _hf_image_generate(hf, ids, pixels, grids, new_tokens: int) -> list[int]:
     with torch.no_grad():
         out = hf.generate(
@@ -108,7 +113,7 @@ def test_image_prompts_in_every_mode_equal_hf_generate(built) -> None:
             images = engine.images.prompt(ids, pixels, np.array(grids))
             for mode in MODES:
                 got = engine.generate(ids, mode=mode, max_new_tokens=NEW_TOKENS, images=images).tokens
-                assert got == want, f"{form} {mode}, {len(grids)} image(s), grids {grids}"
+                assert _agrees(engine, got, want, NEW_TOKENS), f"{form} {mode}, {len(grids)} image(s), grids {grids}"
 
 
 @pytest.mark.slow
@@ -145,3 +150,39 @@ def test_images_that_do_not_match_the_prompt_are_a_clear_error(built) -> None:
     images = engine.images.prompt(ids, pixels, np.array(grids))
     with pytest.raises(GenerationError, match="made for another prompt"):
         engine.generate(ids + [5], mode="plain", max_new_tokens=2, images=images)
+
+
+@pytest.mark.slow
+def test_run_with_images_on_the_command_line_equals_hf_generate(built, tmp_path) -> None:
+    """`dflash run --image A --image B --prompt TEXT --json`: the checkpoint's image processor and chat template
+    (each image placeholder expanded to its tokens), then every mode == HF generate on the same processed inputs;
+    a missing or broken image file is a one-line error."""
+    from PIL import Image
+    from typer.testing import CliRunner
+
+    from dflash_cli.cli.app import create_app
+    from tests.engines import dflash_ok
+
+    (engine, _), hf = built
+    rng = np.random.default_rng(3)
+    paths = []
+    for i, (h, w) in enumerate(((40, 56), (64, 32))):
+        paths.append(tmp_path / f"{i}.png")
+        Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(paths[-1])
+    ids, _ = engine.encode_with_images("what is here?", paths)
+    batch = engine.images.image_processor(images=[Image.open(p).convert("RGB") for p in paths], return_tensors="np")
+    grids = tuple(map(tuple, batch["image_grid_thw"].tolist()))
+    want = _hf_image_generate(hf, ids, batch["pixel_values"].astype(np.float32), grids, 12)
+    cache = engine.compile_dir.parents[2]  # <build>/cache/artifacts/compile/<key>, beside <build>/recipe.yaml
+    common = ["-r", str(cache.parent / "recipe.yaml"), "--cache-dir", str(cache)]
+    images = [a for p in paths for a in ("--image", str(p))]
+    for mode in MODES:
+        out = dflash_ok(
+            "run", *common, *images, "--prompt", "what is here?", "--json", "--mode", mode, "--max-new-tokens", "12"
+        )
+        doc = json.loads(out.stdout)
+        assert doc["prompt_tokens"] == len(ids) and _agrees(engine, doc["token_ids"], want, 12), mode
+    (tmp_path / "bad.png").write_bytes(b"not an image")
+    for bad, words in ((tmp_path / "missing.png", "image not found"), (tmp_path / "bad.png", "cannot read image")):
+        result = CliRunner().invoke(create_app(), ["run", *common, "--image", str(bad), "--prompt", "x"])
+        assert result.exit_code != 0 and words in result.output

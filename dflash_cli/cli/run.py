@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -31,6 +32,7 @@ def register(app: typer.Typer) -> None:
             'dflash run -r demo --prompt "import os" --max-new-tokens 64 --json',
             'dflash run --prompt "class Stack:" --no-draft   # plain decoding of the same target',
             'dflash run -r demo --set export.logits=true --prompt "def f(x):" --temperature 0.8 --seed 1',
+            'dflash run -r my-qwen3-vl.yaml --image cat.png --prompt "What is in this picture?"',
         ),
     )(run_command)
 
@@ -70,6 +72,14 @@ def run_command(
         ),
     ] = None,
     no_draft: Annotated[bool, typer.Option("--no-draft", help="Plain decoding (same as --mode plain).")] = False,
+    image: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--image",
+            "-i",
+            help="A local image for a vision-language target (repeat for several; they precede the prompt text).",
+        ),
+    ] = None,
     json_: JsonOpt = False,
 ) -> None:
     """Generate from a prompt with DFlash (or plain decoding with --no-draft); builds missing stages first."""
@@ -94,7 +104,11 @@ def run_command(
     with build_progress() as on_event:
         # Same as `dflash bench`: stages not yet built are built (progress on stderr); cached ones are silent.
         engine = build_engine(r, Cache(cache_dir), lambda e: None if e.message == "cached" else on_event(e))
-    ids = engine.encode_prompt(prompt)
+    images = None
+    if image:
+        ids, images = engine.encode_with_images(prompt, [str(p) for p in image])
+    else:
+        ids = engine.encode_prompt(prompt)
     streamer = _Streamer(engine) if not json_ else None
     result = engine.generate(
         ids,
@@ -105,6 +119,7 @@ def run_command(
         top_p=run.top_p if top_p is None else top_p,
         seed=run.seed if seed is None else seed,
         on_commit=streamer.push if streamer else None,
+        images=images,
     )
     text = _apply_stop_strings(engine.decode(result.tokens), list(run.stop))
     if json_:

@@ -59,26 +59,55 @@ class ImageReader:
             ) from exc
 
     @property
-    def processor(self):
+    def image_processor(self):
+        """The checkpoint's own image processor (its Pillow form: torchvision is not needed)."""
         if self._processor is None:
-            from transformers import AutoProcessor
+            from transformers import AutoImageProcessor
 
             try:
-                self._processor = AutoProcessor.from_pretrained(str(self.target_dir))
+                self._processor = AutoImageProcessor.from_pretrained(str(self.target_dir))
             except (OSError, ValueError) as exc:
                 raise GenerationError(
                     f"this target has no usable image processor: {str(exc).splitlines()[0][:200]}",
-                    hint="copy the checkpoint's preprocessor_config.json (and processor files) beside its config",
+                    hint="copy the checkpoint's preprocessor_config.json beside its config.json",
                 ) from None
         return self._processor
 
-    def encode(self, messages: list[dict[str, Any]], images: list) -> tuple[list[int], ImagePrompt]:
-        """Chat messages whose content parts place the images ({"type": "image"}), and the images (PIL)."""
-        proc = self.processor
-        text = proc.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        batch = proc(text=[text], images=images, return_tensors="np")
-        ids = [int(t) for t in batch["input_ids"][0]]
-        return ids, self.prompt(ids, batch["pixel_values"], batch["image_grid_thw"])
+    def encode(self, tokenizer, messages: list[dict[str, Any]], images: list) -> tuple[list[int], ImagePrompt]:
+        """Chat messages whose content parts place the images ({"type": "image"}) through the tokenizer's
+        chat template, and the images (PIL): each image placeholder expanded to its image tokens as the
+        model's processor does (one per merged patch group). Without a chat template the images lead."""
+        batch = self.image_processor(images=images, return_tensors="np")
+        grids = np.asarray(batch["image_grid_thw"], np.int64).reshape(-1, 3)
+        c = self.config
+        if getattr(tokenizer, "chat_template", None):
+            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        else:
+            words = "\n\n".join(p["text"] for m in messages for p in _parts(m) if p.get("type") == "text")
+            lead = [c.vision_start_token_id, c.image_token_id, c.vision_end_token_id] * len(images)
+            ids = lead + list(tokenizer(words)["input_ids"])
+        placeholders = [i for i, t in enumerate(ids) if t == c.image_token_id]
+        if len(placeholders) != len(grids):
+            raise GenerationError(
+                f"the prompt places {len(placeholders)} image(s) but {len(grids)} were given",
+                hint="one {'type': 'image'} content part per image",
+            )
+        unit = c.vision_config.spatial_merge_size**2
+        expanded: list[int] = []
+        image = 0
+        for t in ids:
+            if t == c.image_token_id:
+                expanded += [t] * (int(grids[image].prod()) // unit)
+                image += 1
+            else:
+                expanded.append(t)
+        return expanded, self.prompt(expanded, batch["pixel_values"], grids)
+
+
+def _parts(message: dict[str, Any]) -> list[dict[str, Any]]:
+    content = message.get("content")
+    return [{"type": "text", "text": content}] if isinstance(content, str) else list(content or [])
 
 
 def open_image(path: str | Path):

@@ -66,6 +66,12 @@ def family_for(model_type: str | None) -> Family:
 
 def require_qaic_support(family: str) -> None:
     """Refuse, before anything is built, a family the QAIC backend cannot take."""
+    if FAMILIES.get(family) is not None and FAMILIES[family].vision:
+        raise DFlashError(
+            f"compile.backend=qaic does not take vision-language targets yet (family {family}): the bundle has no"
+            " vision program",
+            hint="build with `--set compile.backend=ort`",
+        )
     if FAMILIES.get(family) is not None and FAMILIES[family].moe:
         raise DFlashError(
             f"compile.backend=qaic does not take mixture-of-experts targets yet (family {family}): their experts"
