@@ -159,6 +159,8 @@ class ServeConfig(_Section):
     port: int = Field(default=8000, ge=0, le=65535)  # 0 = any free port (printed at start)
     queue_size: int = Field(default=8, ge=0)  # requests that may wait while one is decoded; more get 503
     max_request_bytes: int | None = Field(default=None, ge=1024)  # bigger bodies get 413; None: from ctx_len
+    # A directory whose image files chat requests may name (file:// or a path); None: inline images only
+    allowed_local_media_path: str | None = None
 
 
 def export_shape_problems(block: int | None, prefill: int, ctx_len: int) -> list[str]:

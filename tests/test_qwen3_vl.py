@@ -186,3 +186,72 @@ def test_run_with_images_on_the_command_line_equals_hf_generate(built, tmp_path)
     for bad, words in ((tmp_path / "missing.png", "image not found"), (tmp_path / "bad.png", "cannot read image")):
         result = CliRunner().invoke(create_app(), ["run", *common, "--image", str(bad), "--prompt", "x"])
         assert result.exit_code != 0 and words in result.output
+
+
+@pytest.mark.slow
+def test_serve_takes_image_parts_streamed_or_not_and_refuses_bad_ones(built, tmp_path) -> None:
+    """OpenAI chat content parts with an inline image through the official client: the same text as the
+    engine on the same image and prompt, streamed or not; each bad image part is a 400 and the server
+    goes on serving."""
+    import base64
+
+    import openai
+    from PIL import Image
+
+    from tests.serving import http, running_server
+
+    (engine, _), _ = built
+    path = tmp_path / "photo.png"
+    Image.fromarray(np.random.default_rng(5).integers(0, 255, (48, 40, 3), dtype=np.uint8)).save(path)
+    ids, images = engine.encode_with_images("what is here?", [path])
+    want = engine.decode(engine.generate(ids, mode="dflash", max_new_tokens=12, images=images).tokens)
+    data = "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
+
+    def message(url: str) -> list[dict]:
+        parts = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "what is here?"}]
+        return [{"role": "user", "content": parts}]
+
+    with running_server(engine, queue_size=2) as (url, _):
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        got = client.chat.completions.create(model="tiny", messages=message(data), max_tokens=12, temperature=0)
+        assert got.choices[0].message.content == want and got.usage.prompt_tokens == len(ids)
+        stream = client.chat.completions.create(
+            model="tiny", messages=message(data), max_tokens=12, temperature=0, stream=True
+        )
+        assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == want
+        bad = {
+            "https://example.com/cat.png": "remote image URLs are not fetched",
+            "data:image/png;base64,@@@": "does not decode",
+            "data:image/png;base64," + base64.b64encode(b"not an image").decode(): "cannot read image",
+            "data:text/plain;base64,aGk=": "data:image/<type>;base64",
+            str(path): "local image files are not served",
+            "file://" + str(path): "local image files are not served",
+        }
+        for image_url, words in bad.items():
+            body = {"model": "tiny", "messages": message(image_url), "max_tokens": 4}
+            reply = http("POST", url + "/v1/chat/completions", body)
+            assert reply.status_code == 400 and words in reply.json()["error"]["message"], image_url
+        many = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data}}] * 9}]
+        reply = http("POST", url + "/v1/chat/completions", {"model": "tiny", "messages": many, "max_tokens": 4})
+        assert reply.status_code == 400 and "at most 8" in reply.json()["error"]["message"]
+        again = client.chat.completions.create(model="tiny", messages=message(data), max_tokens=12, temperature=0)
+        assert again.choices[0].message.content == want  # still serving
+    # files under the directory the operator allowed (serve.allowed_local_media_path), and only there
+    import copy
+
+    (tmp_path / "media").mkdir()
+    (tmp_path / "media" / "p.png").write_bytes(path.read_bytes())
+    allowing = copy.copy(engine)
+    serve = engine.recipe.serve.model_copy(update={"allowed_local_media_path": str(tmp_path / "media")})
+    allowing.recipe = engine.recipe.model_copy(update={"serve": serve})
+    with running_server(allowing, queue_size=2) as (url, _):
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        local = client.chat.completions.create(
+            model="tiny", messages=message(f"file://{tmp_path}/media/p.png"), max_tokens=12, temperature=0
+        )
+        assert local.choices[0].message.content == want
+        for outside in (str(path), f"{tmp_path}/media/../photo.png"):
+            reply = http("POST", url + "/v1/chat/completions", {"model": "tiny", "messages": message(outside)})
+            assert (
+                reply.status_code == 400 and "outside the allowed media directory" in reply.json()["error"]["message"]
+            )

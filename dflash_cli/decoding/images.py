@@ -112,17 +112,23 @@ def _parts(message: dict[str, Any]) -> list[dict[str, Any]]:
 
 def open_image(path: str | Path):
     """A local image file as RGB, or a one-line error (missing, not an image, truncated, huge)."""
+    if not Path(path).is_file():
+        raise GenerationError(f"image not found: {path}", hint="give a path to a local image file")
+    return decode_image(path)
+
+
+def decode_image(source):
+    """An image file or file-like object as RGB, or a one-line GenerationError."""
     from PIL import Image, UnidentifiedImageError
 
-    Image.MAX_IMAGE_PIXELS = MAX_IMAGE_PIXELS
+    Image.MAX_IMAGE_PIXELS = MAX_IMAGE_PIXELS  # Pillow refuses twice this, and warns from it on
+    name = source if isinstance(source, (str, Path)) else "the image"
+    hint = f"a PNG, JPEG or WebP image of at most {MAX_IMAGE_PIXELS // 2**20} megapixels"
     try:
-        with Image.open(path) as img:
+        with Image.open(source) as img:
+            if img.width * img.height > MAX_IMAGE_PIXELS:
+                raise GenerationError(f"image {name} is {img.width}x{img.height} pixels: too large", hint=hint)
             img.load()
             return img.convert("RGB")
-    except FileNotFoundError:
-        raise GenerationError(f"image not found: {path}", hint="give a path to a local image file") from None
-    except (UnidentifiedImageError, OSError, Image.DecompressionBombError, SyntaxError) as exc:
-        raise GenerationError(
-            f"cannot read image {path}: {str(exc).splitlines()[0][:160]}",
-            hint=f"a PNG, JPEG or WebP image of at most {MAX_IMAGE_PIXELS // 2**20} megapixels",
-        ) from None
+    except (UnidentifiedImageError, OSError, Image.DecompressionBombError, SyntaxError, ValueError) as exc:
+        raise GenerationError(f"cannot read image {name}: {str(exc).splitlines()[0][:160]}", hint=hint) from None

@@ -29,7 +29,7 @@ def create_app(
     """An app serving `engine` (an opened `Engine`) as `model_name`; one generation at a time."""
     metrics = ServerMetrics(model_name, engine.block_size if mode != "plain" else 1)
     scheduler = Scheduler(engine, queue_size, metrics, mode)
-    intake = Intake(engine, model_name, max_request_bytes or default_limit(engine.ctx_len))
+    intake = Intake(engine, model_name, max_request_bytes or default_limit(engine.ctx_len, engine.images is not None))
     created = int(time.time())
     app = FastAPI(title="dflash serve", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.scheduler, app.state.metrics, app.state.engine = scheduler, metrics, engine

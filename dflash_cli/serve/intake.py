@@ -18,9 +18,12 @@ DRAIN_BYTES = 64 << 20  # an over-limit body up to this size is read and dropped
 # to read the 413 rather than a connection reset in the middle of its upload
 
 
-def default_limit(ctx_len: int) -> int:
+IMAGE_LIMIT = 32 << 20  # a vision-language model's default: a few inline (base64) photos
+
+
+def default_limit(ctx_len: int, images: bool = False) -> int:
     """Request bytes a server accepts by default: far more than a prompt filling the context needs."""
-    return max(MIN_LIMIT, BYTES_PER_POSITION * ctx_len)
+    return max(IMAGE_LIMIT if images else MIN_LIMIT, BYTES_PER_POSITION * ctx_len)
 
 
 class Intake:
@@ -90,6 +93,9 @@ class Intake:
 
 def _encode(engine: Any, req: GenRequest) -> list[int]:
     try:
+        if req.kind == "chat" and any(isinstance(m["content"], list) for m in req.prompt):
+            ids, req.images = _encode_images(engine, req.prompt)
+            return ids
         if req.kind == "chat":
             return engine.encode_chat(req.prompt, req.enable_thinking)
         if isinstance(req.prompt, list):  # token ids
@@ -100,3 +106,30 @@ def _encode(engine: Any, req: GenRequest) -> list[int]:
         return engine.encode_prompt(req.prompt)
     except DFlashError as exc:
         raise ApiError.from_dflash(exc) from None
+
+
+def _encode_images(engine: Any, messages: list[dict]):
+    """A chat with image parts: each image read (serve/media.py), then the target's own processing."""
+    from pathlib import Path
+
+    from dflash_cli.serve.media import MAX_IMAGES, read_image
+
+    if engine.images is None:
+        raise ApiError(f"this model ({engine.recipe.family}) takes no images", param="messages")
+    parts = [p for m in messages if isinstance(m["content"], list) for p in m["content"] if p["type"] == "image"]
+    if len(parts) > MAX_IMAGES:
+        raise ApiError(f"{len(parts)} images in one request: at most {MAX_IMAGES}", param="messages")
+    allowed = engine.recipe.serve.allowed_local_media_path
+    pictures = [read_image(p["url"], Path(allowed) if allowed else None, p["where"]) for p in parts]
+    plain = [
+        {
+            "role": m["role"],
+            "content": [
+                {"type": p["type"], **({"text": p["text"]} if p["type"] == "text" else {})} for p in m["content"]
+            ]
+            if isinstance(m["content"], list)
+            else m["content"],
+        }
+        for m in messages
+    ]
+    return engine.encode_with_images(plain, pictures)

@@ -59,6 +59,7 @@ class GenRequest:
     enable_thinking: bool | None = None  # chat only; None = the recipe's run.enable_thinking
     max_tokens_given: bool = True  # False: the recipe's default, which the server caps to the room left
     return_token_ids: bool = False  # extension (vLLM has it too): the completion's token ids in the choice
+    images: Any = None  # a chat's images as the target takes them (vision_feeds.ImagePrompt), set at intake
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -155,17 +156,35 @@ def _messages(value: Any) -> list[dict]:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise ApiError(f"messages[{i}] needs a 'role' string and 'content'", param="messages")
         content = m.get("content")
-        if isinstance(content, list):  # content parts: only text is understood
-            parts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
-            if len(parts) != len(content) or not all(isinstance(p, str) for p in parts):
-                raise ApiError(f"messages[{i}]: only text content parts are supported", param="messages")
-            content = "".join(parts)
+        if isinstance(content, list):  # content parts: text, and images (read later: serve/media.py)
+            content = _parts(content, f"messages[{i}]")
         if content is None:
             content = ""
-        if not isinstance(content, str):
-            raise ApiError(f"messages[{i}].content must be a string", param="messages")
+        if not isinstance(content, (str, list)):
+            raise ApiError(f"messages[{i}].content must be a string or a list of content parts", param="messages")
         out.append({"role": m["role"], "content": content})
     return out
+
+
+def _parts(content: list, where: str) -> str | list[dict]:
+    """Text parts joined into one string; with an image among them, the parts in order ({"type": "text",
+    "text"} / {"type": "image", "url", "where"})."""
+    parts: list[dict] = []
+    for j, p in enumerate(content):
+        kind = p.get("type") if isinstance(p, dict) else None
+        if kind == "text" and isinstance(p.get("text"), str):
+            parts.append({"type": "text", "text": p["text"]})
+        elif kind == "image_url":
+            image = p.get("image_url")
+            url = image.get("url") if isinstance(image, dict) else image
+            parts.append({"type": "image", "url": url, "where": f"{where}.content[{j}]"})
+        else:
+            raise ApiError(
+                f"{where}.content[{j}]: only text and image_url content parts are supported", param="messages"
+            )
+    if all(p["type"] == "text" for p in parts):
+        return "".join(p["text"] for p in parts)
+    return parts
 
 
 def _number(body: dict, key: str, kind: type, default: Any, *, low=None, high=None, open_low=False) -> Any:

@@ -143,6 +143,7 @@ class Scheduler:
             top_p=req.top_p,
             seed=req.seed,
             on_commit=on_commit,
+            images=req.images,
         )
         tail = stream.finish()
         if tail:
