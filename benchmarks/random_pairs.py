@@ -204,6 +204,66 @@ def gpt_oss_layer_shapes(c: dict, prefix: str) -> dict[str, tuple[int, ...]]:
     return {prefix + k: v for k, v in shapes.items()}
 
 
+def _qwen3_vl_8b() -> dict:
+    """Qwen3-VL-8B-Instruct's config as its model card gives it: Qwen3-8B's language model with interleaved
+    M-RoPE, a 27-block vision tower (patch 16, 2x2 merge) with deepstack features after blocks 8, 16, 24."""
+    text = _qwen3(4096, 36, 32, 12288, False) | {
+        "model_type": "qwen3_vl_text",
+        "max_position_embeddings": 262144,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 5000000,
+            "mrope_section": [24, 20, 20],
+            "mrope_interleaved": True,
+        },
+    }
+    del text["rope_theta"], text["architectures"]
+    vision = {
+        "model_type": "qwen3_vl",
+        "depth": 27,
+        "hidden_size": 1152,
+        "hidden_act": "gelu_pytorch_tanh",
+        "intermediate_size": 4304,
+        "num_heads": 16,
+        "in_channels": 3,
+        "patch_size": 16,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "out_hidden_size": 4096,
+        "num_position_embeddings": 2304,
+        "deepstack_visual_indexes": [8, 16, 24],
+    }
+    return {
+        "architectures": ["Qwen3VLForConditionalGeneration"],
+        "model_type": "qwen3_vl",
+        "text_config": text,
+        "vision_config": vision,
+        "image_token_id": 151655,
+        "video_token_id": 151656,
+        "vision_start_token_id": 151652,
+        "vision_end_token_id": 151653,
+        "tie_word_embeddings": False,
+    }
+
+
+QWEN3_VL_SPECIAL = QWEN3_SPECIAL | {
+    "<|vision_start|>": 151652,
+    "<|vision_end|>": 151653,
+    "<|image_pad|>": 151655,
+    "<|video_pad|>": 151656,
+}
+# Qwen3-VL's image processor settings (its preprocessor_config.json): 16-pixel patches, 2x2 merge
+QWEN3_VL_PREPROCESSOR = {
+    "image_processor_type": "Qwen2VLImageProcessor",
+    "patch_size": 16,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+    "size": {"shortest_edge": 65536, "longest_edge": 16777216},
+}
+
+
 # name -> (target config, special tokens, draft: layers, intermediate, block, mask id, target_layer_ids)
 PAIRS = {
     "qwen3-0.6b": (_qwen3(1024, 28, 16, 3072, True), QWEN3_SPECIAL, 5, 3072, 16, 151669, [1, 7, 13, 19, 25]),
@@ -221,6 +281,7 @@ PAIRS = {
     # gpt-oss-20b whole (an int8/int4 build's export stores no weights), and 4 of its 24 layers
     "gpt-oss-20b": (_gpt_oss(24), GPT_OSS_SPECIAL, 5, 5760, 16, 200000, [1, 6, 11, 16, 21]),
     "gpt-oss-20b-4l": (_gpt_oss(4), GPT_OSS_SPECIAL, 5, 5760, 16, 200000, [0, 1, 2, 3]),
+    "qwen3-vl-8b": (_qwen3_vl_8b(), QWEN3_VL_SPECIAL, 5, 12288, 16, 151669, [1, 9, 17, 25, 33]),
     # and 2: the per-layer cost is the difference, for projecting the 48-layer model
     "qwen3-coder-30b-a3b-2l": (_qwen3_moe(2), QWEN3_SPECIAL, 5, 6144, 16, 151669, [0, 1, 1, 1]),
 }
@@ -303,7 +364,24 @@ def qwen3_5_shapes(top: dict) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def qwen3_vl_shapes(top: dict) -> dict[str, tuple[int, ...]]:
+    """Qwen3-VL's layout: the Qwen3 language model under model.language_model.*, the whole vision tower
+    under model.visual.* (its shapes from Hugging Face's own module, built on the meta device)."""
+    from transformers import AutoModel, Qwen3VLVisionConfig
+
+    c = top["text_config"]
+    H, V, p = c["hidden_size"], c["vocab_size"], "model.language_model."
+    shapes = {p + "embed_tokens.weight": (V, H), p + "norm.weight": (H,), "lm_head.weight": (V, H)}
+    for i in range(c["num_hidden_layers"]):
+        shapes.update(layer_shapes(c, f"{p}layers.{i}.", True))
+    with torch.device("meta"):
+        tower = AutoModel.from_config(Qwen3VLVisionConfig(**top["vision_config"]))
+    return shapes | {"model.visual." + n: tuple(t.shape) for n, t in tower.named_parameters()}
+
+
 def target_shapes(c: dict) -> dict[str, tuple[int, ...]]:
+    if c.get("model_type") == "qwen3_vl":
+        return qwen3_vl_shapes(c)
     if "text_config" in c:
         return qwen3_5_shapes(c)
     H, V = c["hidden_size"], c["vocab_size"]
@@ -408,6 +486,8 @@ def make_pair(name: str, root: Path, seed: int = 0) -> tuple[Path, Path]:
         json.dumps({"bos_token_id": target_cfg["bos_token_id"], "eos_token_id": eos})
     )
     write_tokenizer(target, target_cfg["vocab_size"], special)
+    if top_cfg.get("model_type") == "qwen3_vl":
+        (target / "preprocessor_config.json").write_text(json.dumps(QWEN3_VL_PREPROCESSOR, indent=2))
     tbytes = write_sharded(target_shapes(top_cfg), target, seed)
     draft_cfg = {
         "architectures": ["DFlashDraftModel"],

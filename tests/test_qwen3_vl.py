@@ -255,3 +255,35 @@ def test_serve_takes_image_parts_streamed_or_not_and_refuses_bad_ones(built, tmp
             assert (
                 reply.status_code == 400 and "outside the allowed media directory" in reply.json()["error"]["message"]
             )
+
+
+@pytest.mark.slow
+def test_bench_rows_with_images(built, tmp_path) -> None:
+    """`dflash bench --dataset FILE.jsonl` rows may carry `images` (paths beside the file): every mode runs
+    them and the lossless check passes; a row naming a missing image is refused before anything runs."""
+    from PIL import Image
+    from typer.testing import CliRunner
+
+    from dflash_cli.cli.app import create_app
+    from tests.engines import dflash_ok
+
+    (engine, _), _ = built
+    rng = np.random.default_rng(8)
+    for name, (h, w) in (("a.png", (32, 48)), ("b.png", (56, 24))):
+        Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(tmp_path / name)
+    rows = [
+        {"prompt": "what is here?", "images": ["a.png"]},
+        {"prompt": "and these?", "images": ["a.png", "b.png"]},
+        {"prompt": "no picture"},
+    ]
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cache = engine.compile_dir.parents[2]
+    common = ["-r", str(cache.parent / "recipe.yaml"), "--cache-dir", str(cache)]
+    out = dflash_ok("bench", *common, "--dataset", str(data), "--max-new-tokens", "8", "--json")
+    doc = json.loads(out.stdout)
+    assert doc["lossless"] == {"checked": True, "mismatches": []}
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"prompt": "x", "images": ["missing.png"]}) + "\n")
+    result = CliRunner().invoke(create_app(), ["bench", *common, "--dataset", str(bad), "--max-new-tokens", "4"])
+    assert result.exit_code != 0 and "image file not found" in result.output

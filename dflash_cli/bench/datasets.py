@@ -21,6 +21,7 @@ from dflash_cli.errors import DatasetError
 class Sample(NamedTuple):
     id: str
     turns: list[str]  # user messages, answered in order (one for single-turn prompts)
+    images: tuple[str, ...] = ()  # image files of a single-turn prompt (a vision-language target), before its text
 
 
 def _load_humaneval() -> list[Sample]:
@@ -175,7 +176,27 @@ def _parse_jsonl_line(path: Path, lineno: int, line: str) -> Sample:
             f"line {lineno} of {path}: `turns`/`prompt` must be non-empty text (a list of strings for `turns`)",
         )
     sample_id = next((str(obj[f]) for f in _ID_FIELDS if obj.get(f) is not None), f"{_file_stem(path)}/{lineno}")
-    return Sample(sample_id, list(turns))
+    return Sample(sample_id, list(turns), _images(path, lineno, obj.get("images"), len(turns)))
+
+
+def _images(path: Path, lineno: int, value, turns: int) -> tuple[str, ...]:
+    """A row's `images`: local files, relative to the dataset file's folder unless absolute."""
+    if value is None:
+        return ()
+    where = f"line {lineno} of {path}"
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+        raise DatasetError(f"{where}: `images` must be a non-empty list of image file paths")
+    if turns != 1:
+        raise DatasetError(
+            f"{where}: `images` go with single-turn prompts only", hint="give one `prompt` per image row"
+        )
+    files = [Path(v) if Path(v).is_absolute() else path.parent / v for v in value]
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise DatasetError(
+            f"{where}: image file not found: {missing[0]}", hint="paths are relative to the dataset file"
+        )
+    return tuple(str(f) for f in files)
 
 
 def _check_unique_ids(spec: str, samples: list[Sample]) -> None:

@@ -144,13 +144,14 @@ def run_bench(
         if results_log is not None:
             finished = results_log.start(header)
         for sample in samples[: settings.warmup]:  # run and discarded: first calls pay for allocation
-            prompt_ids = encode_turn(engine, [], sample.turns[0])
+            prompt_ids, images = _encode(engine, [], sample, 0)
             for mode in modes:
-                _generate(engine, prompt_ids, mode, settings, sample.id, 0)
+                _generate(engine, prompt_ids, mode, settings, sample.id, 0, images)
         for index, sample in enumerate(samples):
             history: History = []
             for turn, user in enumerate(sample.turns):
                 prompt_ids: list[int] | None = None
+                images = None
                 for rep in range(settings.repeat):
                     # Alternate the order per sample and repetition: each mode runs first as often as last.
                     order = tuple(modes) if (index + rep) % 2 == 0 else tuple(reversed(modes))
@@ -158,8 +159,11 @@ def run_bench(
                     if logged is not None:  # the header check guarantees it holds the same modes
                         record = TurnRecord(sample.id, turn, _results_from_log(logged), resumed=True, rep=rep)
                     else:
-                        prompt_ids = prompt_ids or encode_turn(engine, history, user)
-                        results = {m: _generate(engine, prompt_ids, m, settings, sample.id, turn) for m in order}
+                        if prompt_ids is None:
+                            prompt_ids, images = _encode(engine, history, sample, turn)
+                        results = {
+                            m: _generate(engine, prompt_ids, m, settings, sample.id, turn, images) for m in order
+                        }
                         record = TurnRecord(sample.id, turn, {m: results[m] for m in modes}, rep=rep)
                         if results_log is not None:
                             results_log.append(record.to_log())
@@ -280,9 +284,26 @@ def _generation_seed(seed: int, sample_id: str, turn: int) -> int:
     return (seed * 1_000_003 + zlib.crc32(f"{sample_id}\0{turn}".encode())) % 2**31
 
 
+def _encode(engine: Any, history: History, sample: Sample, turn: int):
+    """(prompt ids, image inputs or None) of a sample's turn; a row with images is one turn, images first."""
+    if sample.images:
+        try:
+            return engine.encode_with_images(sample.turns[0], list(sample.images))
+        except DFlashError as exc:
+            raise type(exc)(f"sample {sample.id!r}: {exc.message}", exc.hint) from exc
+    return encode_turn(engine, history, sample.turns[turn]), None
+
+
 def _generate(
-    engine: Any, prompt_ids: list[int], mode: str, settings: BenchSettings, sample_id: str, turn: int
+    engine: Any,
+    prompt_ids: list[int],
+    mode: str,
+    settings: BenchSettings,
+    sample_id: str,
+    turn: int,
+    images: Any = None,
 ) -> GenerationResult:
+    extra = {"images": images} if images is not None else {}  # engines without images take none
     try:
         return engine.generate(
             prompt_ids,
@@ -292,6 +313,7 @@ def _generate(
             top_k=settings.top_k,
             top_p=settings.top_p,
             seed=_generation_seed(settings.seed, sample_id, turn),
+            **extra,
         )
     except DFlashError as exc:
         # Name the prompt: a dataset can hold one bad (e.g. over-long) prompt among hundreds.
