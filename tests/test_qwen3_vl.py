@@ -6,6 +6,7 @@ images through our vision graph, their features into the language graph with M-R
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -287,3 +288,28 @@ def test_bench_rows_with_images(built, tmp_path) -> None:
     bad.write_text(json.dumps({"prompt": "x", "images": ["missing.png"]}) + "\n")
     result = CliRunner().invoke(create_app(), ["bench", *common, "--dataset", str(bad), "--max-new-tokens", "4"])
     assert result.exit_code != 0 and "image file not found" in result.output
+
+
+@pytest.mark.slow
+def test_int4_build_stores_no_float_tower_and_image_prompts_stay_lossless(tmp_path) -> None:
+    """An int4 build: the export writes graphs only (the tower validated on a copy that is then deleted), the
+    compile quantises the tower's MatMuls too, and image prompts decode identically in every mode."""
+    import onnx
+
+    from tests.engines import open_engine
+
+    pair = make_pair(tmp_path / "pair", "qwen3_vl")
+    engine = open_engine(pair, tmp_path / "build", compile={"ort": {"precision": "int4", "block_size": 16}})
+    assert (engine.export_dir / "vision.onnx.data").stat().st_size == 0
+    assert not (engine.export_dir / "vision-check").exists()
+    report = json.loads((engine.export_dir / "validation.json").read_text())
+    assert [c["ok"] for c in report["checks"] if c["graph"] == "vision"] == [True] * 4
+    ops = {n.op_type for n in onnx.load(str(engine.compile_dir / "vision.onnx"), load_external_data=False).graph.node}
+    assert "MatMulNBits" in ops
+    from transformers import AutoConfig
+
+    hf_config = AutoConfig.from_pretrained(str(pair.target_dir))
+    for ids, pixels, grids in _image_prompts(SimpleNamespace(config=hf_config), 8):
+        images = engine.images.prompt(ids, pixels, np.array(grids))
+        runs = {m: engine.generate(ids, mode=m, max_new_tokens=12, images=images).tokens for m in MODES}
+        assert all(r == runs["plain"] for r in runs.values()), grids

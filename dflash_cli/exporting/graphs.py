@@ -131,9 +131,14 @@ def _export_jobs(
                 reduced.grow(job.gname, template, job.store, job.rename, written)
         if nbytes is None:
             model, by_graph_name = _trace(replace(job, stand_in=None), shape, options)
-            # A vision tower keeps its weights: validation runs its graph as exported (lean or not).
-            defer = options.lean and job.gname != "vision"
-            nbytes = save_streamed(model, path, by_graph_name, written, report, defer=defer)
+            nbytes = save_streamed(model, path, by_graph_name, written, report, defer=options.lean)
+            if options.lean and job.gname == "vision" and options.validation != "off":
+                # A lean tower has no weights to run: validation runs a copy that has them (then deleted).
+                from dflash_cli.exporting.vision_graph import CHECK_COPY
+
+                copy, copy_sources = _trace(replace(job, stand_in=None), shape, options)
+                (out / CHECK_COPY).mkdir()
+                save_streamed(copy, out / CHECK_COPY / path.name, copy_sources, WrittenTensors(), digest=False)
         origins[path.name] = {n: src.origin for n, src in by_graph_name.items() if src.origin is not None}
         graphs[name] = {
             **graph_facts(job.gname, job.module, shape, job.flavour),

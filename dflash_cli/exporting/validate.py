@@ -6,6 +6,7 @@ tolerance fails the stage (the caller raises), never just a warning.
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -135,8 +136,14 @@ def validate_export(
     Returns the checks and the mode's description."""
     vision = []
     if (out / "vision.onnx").is_file():  # a vision-language target's tower, whole in either mode
+        from dflash_cli.exporting.vision_graph import CHECK_COPY
+
+        copy = out / CHECK_COPY  # a lean export's tower, weights included
         progress("validating the vision tower's graph against Hugging Face's")
-        vision = vision_checks(src, out / "vision.onnx", options.dtype)
+        try:
+            vision = vision_checks(src, (copy if copy.is_dir() else out) / "vision.onnx", options.dtype)
+        finally:
+            shutil.rmtree(copy, ignore_errors=True)
     if reduced is None:
         progress("validating the ONNX graphs against PyTorch and Hugging Face")
         checks = [c for g in GRAPHS for c in graph_checks(g, src, out / f"{g}.onnx", shape, options, pair)]

@@ -16,6 +16,7 @@ import torch
 from dflash_cli.modeling.vision_qwen3_vl import INPUTS, OUTPUTS, VisionEncoder, axial_inv_freq
 
 GRAPH = "vision"
+CHECK_COPY = "vision-check"  # a lean export's tower with its weights, for validation only (never published)
 VISION_STORE_PREFIX = "visual."  # text_path indexes the tower under this prefix
 
 

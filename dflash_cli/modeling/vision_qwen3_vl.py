@@ -53,13 +53,13 @@ class _Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         from dflash_cli.modeling.layers import apply_rope
 
-        n = x.shape[0]
+        n = x.shape[1]
         q, k, v = self.qkv(x).reshape(n, 3, self.heads, -1).permute(1, 2, 0, 3)  # each [heads, n, d]
         q, k = apply_rope(q.float(), cos, sin).to(x.dtype), apply_rope(k.float(), cos, sin).to(x.dtype)
         d = q.shape[-1]
         probs = torch.softmax(torch.matmul(q, k.transpose(-1, -2)) * (d**-0.5), dim=-1)
         out = torch.matmul(probs, v)  # [heads, n, d]
-        return self.proj(out.transpose(0, 1).reshape(n, -1))
+        return self.proj(out.transpose(0, 1).reshape(1, n, -1))
 
 
 class _Block(nn.Module):
@@ -101,7 +101,7 @@ class _Merger(nn.Module):
         self.linear_fc2 = nn.Linear(self.width, cfg.out_hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.norm(x.reshape(-1, self.width)) if self.postshuffle else self.norm(x).reshape(-1, self.width)
+        x = self.norm(x.reshape(1, -1, self.width)) if self.postshuffle else self.norm(x).reshape(1, -1, self.width)
         return self.linear_fc2(nn.functional.gelu(self.linear_fc1(x)))
 
 
@@ -129,8 +129,10 @@ class VisionEncoder(nn.Module):
         pixel_values, interp_indices, interp_weights, rope_positions = (
             t.flatten(0, 1) for t in (pixel_values, interp_indices, interp_weights, rope_positions)
         )
-        x = self.patch_embed(pixel_values)
-        x = x + (self.pos_embed(interp_indices) * interp_weights[..., None].to(x.dtype)).sum(1)
+        # [1, n, D] throughout: a batch dim makes every projection a MatMul (2-D inputs export as Gemm, which
+        # the int8/int4 compile does not quantise)
+        x = self.patch_embed(pixel_values)[None]
+        x = x + (self.pos_embed(interp_indices) * interp_weights[..., None].to(x.dtype)).sum(1)[None]
         freqs = rope_positions[..., None].float() * self.inv_freq  # [n, 2, head_dim / 4]
         angles = freqs.reshape(freqs.shape[0], -1)  # rows' angles, then columns'
         angles = torch.cat((angles, angles), dim=-1)[None]  # [1, n, head_dim]
@@ -139,5 +141,5 @@ class VisionEncoder(nn.Module):
         for i, block in enumerate(self.blocks):
             x = block(x, cos, sin)
             if i in self.deepstack_visual_indexes:
-                deepstack.append(self.deepstack_merger_list[self.deepstack_visual_indexes.index(i)](x))
-        return self.merger(x), torch.stack(deepstack)
+                deepstack.append(self.deepstack_merger_list[self.deepstack_visual_indexes.index(i)](x)[0])
+        return self.merger(x)[0], torch.stack(deepstack)
