@@ -195,6 +195,7 @@ def test_serve_takes_image_parts_streamed_or_not_and_refuses_bad_ones(built, tmp
     engine on the same image and prompt, streamed or not; each bad image part is a 400 and the server
     goes on serving."""
     import base64
+    import io
 
     import openai
     from PIL import Image
@@ -220,7 +221,10 @@ def test_serve_takes_image_parts_streamed_or_not_and_refuses_bad_ones(built, tmp
             model="tiny", messages=message(data), max_tokens=12, temperature=0, stream=True
         )
         assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == want
+        huge = io.BytesIO()
+        Image.new("L", (9000, 8000)).save(huge, format="PNG")  # 72 megapixels, a small file
         bad = {
+            "data:image/png;base64," + base64.b64encode(huge.getvalue()).decode(): "too large",
             "https://example.com/cat.png": "remote image URLs are not fetched",
             "data:image/png;base64,@@@": "does not decode",
             "data:image/png;base64," + base64.b64encode(b"not an image").decode(): "cannot read image",

@@ -25,8 +25,10 @@ def tower_config(src: Path):
 
     from dflash_cli.modeling.loading import vision_config
 
-    vcfg = dict(vision_config(src)["vision_config"])
-    return AutoConfig.for_model(vcfg.pop("model_type", "qwen3_vl_vision"), **vcfg)
+    kept = vision_config(src)
+    # through the multimodal config's own class: it names the tower's config type as Hugging Face does
+    # (checkpoints write the tower's model_type as the model's own, "qwen3_vl")
+    return AutoConfig.for_model(kept["model_type"], vision_config=kept["vision_config"]).vision_config
 
 
 def build_vision(src: Path, device="meta", dtype=torch.float32) -> VisionEncoder:
