@@ -5,7 +5,7 @@ graph (timed per call), then the prompt is decoded in plain and DFlash modes (TT
 prefill, vision not included) and the tokens compared. Peak RSS of the process at the end.
 
     python benchmarks/vl_image_run.py /work/scale/qwen3-vl-8b/recipe.yaml /work/scale/qwen3-vl-8b/cache \
-        --sizes 448x448 1024x768 --new-tokens 16 --out benchmarks/results/vl/qwen3-vl-8b-images.json
+        --set compile.ort.precision=int4 --sizes 448x448 1024x768 --out benchmarks/results/vl/qwen3-vl-8b-int4.json
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=16)
     ap.add_argument("--prompt", default="Describe this image.")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--set", action="append", default=[], dest="sets", help="as the build had it (KEY=VALUE)")
     args = ap.parse_args()
 
     from PIL import Image
@@ -35,7 +36,7 @@ def main() -> None:
     from dflash_cli.decoding.engine import Engine
     from dflash_cli.recipe import load_recipe
 
-    engine = Engine.load(load_recipe(args.recipe), Cache(Path(args.cache)))
+    engine = Engine.load(load_recipe(args.recipe, args.sets), Cache(Path(args.cache)))
     reader = engine.images
     tower_calls: list[float] = []
     run_tower = reader._run_tower
