@@ -79,7 +79,7 @@ def image_prompt(
         deep.append(np.moveaxis(d, 0, 1))  # [m, k, H]
         start += rows
     P = len(ids)
-    H, k = embeds[0].shape[-1] if embeds else 0, deep[0].shape[1] if deep else 0
+    H, k = full_cfg.text_config.hidden_size, len(vcfg.deepstack_visual_indexes)
     rope, offset = rope_index(list(ids), grids, full_cfg)
     prompt = ImagePrompt(
         rope=rope,
