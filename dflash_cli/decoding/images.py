@@ -9,6 +9,7 @@ first (its chat template, resizing and normalising, image-token expansion).
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -125,7 +126,10 @@ def decode_image(source):
     name = source if isinstance(source, (str, Path)) else "the image"
     hint = f"a PNG, JPEG or WebP image of at most {MAX_IMAGE_PIXELS // 2**20} megapixels"
     try:
-        with Image.open(source) as img:
+        with warnings.catch_warnings():  # over the limit is refused below, in one line rather than a warning
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            img = Image.open(source)
+        with img:
             if img.width * img.height > MAX_IMAGE_PIXELS:
                 raise GenerationError(f"image {name} is {img.width}x{img.height} pixels: too large", hint=hint)
             img.load()
