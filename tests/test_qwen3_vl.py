@@ -317,3 +317,16 @@ def test_int4_build_stores_no_float_tower_and_image_prompts_stay_lossless(tmp_pa
         images = engine.images.prompt(ids, pixels, np.array(grids))
         runs = {m: engine.generate(ids, mode=m, max_new_tokens=12, images=images).tokens for m in MODES}
         assert all(r == runs["plain"] for r in runs.values()), grids
+
+
+def test_hf_text_lm_of_the_artifact_is_the_multimodal_models_text_path(built) -> None:
+    """`dflash check`'s fp32 reference (readiness/logit_gap.py): Qwen3-VL's text model has no causal-LM class,
+    so ours wraps it, loaded from the inject artifact: the multimodal model's logits on a text prompt."""
+    from dflash_cli.exporting.validate import hf_text_lm
+
+    (engine, _), hf = built
+    inject = engine.compile_dir.parents[1] / "inject" / engine.artifact_keys["inject"] / "target"
+    ours = hf_text_lm(inject)
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    with torch.no_grad():
+        torch.testing.assert_close(ours(input_ids=ids).logits, hf(input_ids=ids).logits)

@@ -239,6 +239,28 @@ class _TextPathLM(torch.nn.Module):
         return SimpleNamespace(logits=self.lm_head(out.last_hidden_state), hidden_states=out.hidden_states)
 
 
+def hf_text_lm(target_dir: Path):
+    """Hugging Face's causal LM of an artifact's target (its text path), weights loaded, float32, eval."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from dflash_cli.weights import WeightStore
+
+    cfg = AutoConfig.from_pretrained(str(target_dir))
+    try:
+        return AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).eval()
+    except ValueError:  # no causal-LM class (Qwen3-VL's text model): ours around theirs
+        with torch.device("meta"):
+            model = _TextPathLM(cfg)
+        store = WeightStore.open(target_dir)
+        state = {n: store.get(n, torch.float32) for n, _ in model.named_parameters()}
+        model.load_state_dict(state, strict=True, assign=True)
+        for _, module in model.named_modules():  # computed buffers (rotary) are not in the checkpoint
+            if hasattr(module, "inv_freq") and module.inv_freq.is_meta:
+                fresh = type(module)(config=cfg)
+                module.inv_freq, module.original_inv_freq = fresh.inv_freq, fresh.original_inv_freq
+        return model.eval()
+
+
 def _causal_lm(cfg):
     from transformers import AutoModelForCausalLM
 

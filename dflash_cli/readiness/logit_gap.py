@@ -17,10 +17,11 @@ class LogitGap:
 
     def __init__(self, target_dir: Path) -> None:
         import torch
-        from transformers import AutoModelForCausalLM
+
+        from dflash_cli.exporting.validate import hf_text_lm
 
         self._torch = torch
-        self.model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).eval()
+        self.model = hf_text_lm(target_dir)
 
     def __call__(self, ids: list[int], fp32_token: int, fp16_token: int) -> dict[str, Any]:
         torch = self._torch
