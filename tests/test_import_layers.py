@@ -23,6 +23,7 @@ LAYERS = {
     "weights": 0,
     "text_path": 0,  # a multimodal checkpoint's text path: config and weight names (convert)
     "recipe": 0,
+    "recipe_files": 0,  # finding recipes by name or path (recipe.py loads them)
     "cache": 0,
     "cache_locks": 0,
     "cache_upkeep": 0,

@@ -171,20 +171,10 @@ class Engine:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def encode_with_images(self, prompt: str | list[dict], images: list) -> tuple[list[int], ImagePrompt]:
-        """A prompt with images (local paths or PIL images; a string prompt: the images first, then its text)
-        as token ids and the target's image inputs."""
-        from dflash_cli.decoding.images import open_image
+        """A prompt with images (paths or PIL images) as token ids and the target's image inputs (images.py)."""
+        from dflash_cli.decoding.images import encode_with_images
 
-        if self.images is None:
-            raise GenerationError(
-                f"this target ({self.recipe.family}) takes no images", hint="a vision-language target does (qwen3_vl)"
-            )
-        pictures = [open_image(i) if isinstance(i, (str, Path)) else i for i in images]
-        if isinstance(prompt, str):
-            parts = [{"type": "image"} for _ in pictures] + [{"type": "text", "text": prompt}]
-            prompt = [{"role": "user", "content": parts}]
-        ids, inputs = self.images.encode(self.tokenizer, prompt, pictures)
-        return ids, inputs
+        return encode_with_images(self, prompt, images)
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)

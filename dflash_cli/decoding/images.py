@@ -106,6 +106,20 @@ class ImageReader:
         return expanded, self.prompt(expanded, batch["pixel_values"], grids)
 
 
+def encode_with_images(engine, prompt: str | list[dict], images: list) -> tuple[list[int], ImagePrompt]:
+    """`engine`'s ids and image inputs for chat messages with image parts, or for a string prompt (the images
+    first, then its text); `images`: local paths or PIL images."""
+    if engine.images is None:
+        raise GenerationError(
+            f"this target ({engine.recipe.family}) takes no images", hint="a vision-language target does (qwen3_vl)"
+        )
+    pictures = [open_image(i) if isinstance(i, (str, Path)) else i for i in images]
+    if isinstance(prompt, str):
+        parts = [{"type": "image"} for _ in pictures] + [{"type": "text", "text": prompt}]
+        prompt = [{"role": "user", "content": parts}]
+    return engine.images.encode(engine.tokenizer, prompt, pictures)
+
+
 def _parts(message: dict[str, Any]) -> list[dict[str, Any]]:
     content = message.get("content")
     return [{"type": "text", "text": content}] if isinstance(content, str) else list(content or [])

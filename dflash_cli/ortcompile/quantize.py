@@ -2,7 +2,7 @@
 
 Every MatMul whose weight is a constant (an initializer, or `Transpose` of one, as the exporter
 writes `nn.Linear`) becomes ONNX Runtime's `MatMulNBits`: block-wise scales along K, activations
-untouched; the embedding's Gather becomes `GatherBlockQuantized` over the same blocks. A
+untouched; the embedding's Gather becomes `GatherBlockQuantized` (ortcompile/quantize_tables.py). A
 position's output then depends only on its own row, so a verify block gives each position exactly
 what a shorter call would, and greedy speculative decoding stays lossless (per-tensor dynamic
 activation scales, the old int8, broke that).
@@ -25,6 +25,7 @@ import numpy as np
 
 from dflash_cli.exporting.onnx_data import is_deferred, prefetch, read_initializer
 from dflash_cli.ortcompile.quantize_moe import quantize_experts
+from dflash_cli.ortcompile.quantize_tables import quantize_tables
 
 ALIGNMENT = 65536
 SPLIT_ROWS = 2048  # weights with at least twice this many output rows are quantised in two halves at once
@@ -227,27 +228,23 @@ def quantize_graph(
             expanded[node_id] = [qnode]
             new_inits += tensors
 
-        tables: set[str] = set()
-        # The embedding: GatherBlockQuantized over the same blocks (its fp32 table was a quarter of an
-        # 8B int4 build's cache). Only checkpoint weights qualify, never the exported rotary tables.
-        for node in graph.node:
-            table = inits.get(node.input[0]) if node.op_type == "Gather" else None
-            if table is None or not _is_quantisable_table(node, table, block_size, source):
-                continue
-            key = ("gather", bits, block_size, _source_identity(table, src_onnx.parent, False))
-            if key not in done:
-                values = source.read(table) if source is not None else None
-                values = read_initializer(table, src_onnx.parent) if values is None else values
-                packed, scales = _quantize_rows(np.asarray(values, np.float32), bits, block_size)
-                dtype = helper.tensor_dtype_to_np_dtype(table.data_type)
-                del values
-                done[key] = write(f"{table.name}.g{bits}", packed.reshape(len(packed), -1), scales.astype(dtype))[1]
-                del packed, scales
-                progress(f"{src_onnx.name}: embedding {table.name} to int{bits}")
-            tensors = [_external_tensor(name, *place) for name, place in done[key]]
+        gathers, tables = quantize_tables(
+            graph,
+            inits,
+            write,
+            src_onnx.parent,
+            bits=bits,
+            block_size=block_size,
+            done=done,
+            identity=lambda t: _source_identity(t, src_onnx.parent, False),
+            source=source,
+            quantize_rows=_quantize_rows,
+            external_tensor=_external_tensor,
+            progress=progress,
+        )
+        for node_id, (qnode, tensors) in gathers.items():
+            expanded[node_id] = [qnode]
             new_inits += tensors
-            expanded[id(node)] = [_gather_node(node, tensors, bits, block_size)]
-            tables.add(table.name)
 
         keep_nodes = [m for n in graph.node if id(n) not in removed_nodes for m in expanded.get(id(n), [n])]
         still_used = {i for n in keep_nodes for i in n.input}
@@ -315,38 +312,6 @@ def _source_identity(weight, base_dir: Path, transposed: bool):
     info = external_info(weight)
     where = os.path.realpath(base_dir / info["location"])
     return (where, int(info.get("offset", 0)), int(info.get("length", 0)), transposed)
-
-
-def _is_quantisable_table(node, table, block_size: int, source) -> bool:
-    """A Gather along rows of a 2-D float checkpoint weight whose rows split into whole blocks."""
-    from onnx import TensorProto, helper
-
-    axis = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "axis"), 0)
-    return (
-        axis == 0
-        and len(table.dims) == 2
-        and table.dims[1] % block_size == 0
-        and table.data_type in (TensorProto.FLOAT, TensorProto.FLOAT16)
-        and (is_deferred(table) or (source is not None and table.name in source.table))
-    )
-
-
-def _gather_node(node, tensors, bits: int, block_size: int):
-    """ONNX Runtime's GatherBlockQuantized: rows of uint8-packed blocks, one scale per block, the
-    symmetric zero point (2^(bits-1)) as MatMulNBits uses, so a row dequantises to the same values."""
-    from onnx import helper
-
-    return helper.make_node(
-        "GatherBlockQuantized",
-        [tensors[0].name, node.input[1], tensors[1].name],
-        list(node.output),
-        name=(node.name or node.output[0]) + "_bq",
-        domain="com.microsoft",
-        gather_axis=0,
-        quantize_axis=1,
-        block_size=block_size,
-        bits=bits,
-    )
 
 
 def _external_tensor(name: str, data_type: int, shape: tuple, location: str, offset: int, length: int):
