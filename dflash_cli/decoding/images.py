@@ -8,7 +8,6 @@ first (its chat template, resizing and normalising, image-token expansion).
 
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 from typing import Any
@@ -23,15 +22,10 @@ MAX_IMAGE_PIXELS = 64 * 1024 * 1024  # a decoded image larger than this is refus
 
 class ImageReader:
     def __init__(self, target_dir: Path, vision_onnx: Path) -> None:
-        from transformers import AutoConfig
+        from dflash_cli.modeling.loading import multimodal_config
 
-        from dflash_cli.text_path import VISION_CONFIG_FILE
-
-        self.target_dir = target_dir
-        vision = json.loads((target_dir / VISION_CONFIG_FILE).read_text())
-        text = json.loads((target_dir / "config.json").read_text())
-        fields = {k: v for k, v in vision.items() if k != "model_type"}
-        self.config = AutoConfig.for_model(vision["model_type"], text_config=text, **fields)
+        self.target_dir = target_dir  # an inject artifact's target/
+        self.config = multimodal_config(target_dir.parent)
         self._vision_onnx = vision_onnx
         self._session = None
         self._processor = None

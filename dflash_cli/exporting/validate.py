@@ -254,11 +254,19 @@ def hf_text_lm(target_dir: Path):
         store = WeightStore.open(target_dir)
         state = {n: store.get(n, torch.float32) for n, _ in model.named_parameters()}
         model.load_state_dict(state, strict=True, assign=True)
-        for _, module in model.named_modules():  # computed buffers (rotary) are not in the checkpoint
-            if hasattr(module, "inv_freq") and module.inv_freq.is_meta:
-                fresh = type(module)(config=cfg)
-                module.inv_freq, module.original_inv_freq = fresh.inv_freq, fresh.original_inv_freq
+        _fresh_rotary(model, cfg)
         return model.eval()
+
+
+def _fresh_rotary(model, cfg) -> None:
+    """Rotary tables are buffers computed at construction, not checkpoint weights: rebuild on the CPU the ones
+    a model built on the meta device lacks."""
+    for _, module in model.named_modules():
+        if hasattr(module, "inv_freq") and module.inv_freq.is_meta:
+            fresh = type(module)(config=cfg)
+            module.inv_freq = fresh.inv_freq
+            if hasattr(module, "original_inv_freq"):
+                module.original_inv_freq = fresh.original_inv_freq
 
 
 def _causal_lm(cfg):
@@ -281,13 +289,7 @@ def _hf_model(cfg, target):
     missing, unexpected = hf.load_state_dict(state, strict=False, assign=True)
     if getattr(cfg, "tie_word_embeddings", False):
         hf.lm_head.weight = hf.model.embed_tokens.weight
-    # Rotary tables are buffers computed at construction: rebuild them on the CPU.
-    for _, module in hf.named_modules():
-        if hasattr(module, "inv_freq") and module.inv_freq.is_meta:
-            fresh = type(module)(config=cfg)
-            module.inv_freq = fresh.inv_freq
-            if hasattr(module, "original_inv_freq"):
-                module.original_inv_freq = fresh.original_inv_freq
+    _fresh_rotary(hf, cfg)
     leftover = [n for n, p in [*hf.named_parameters(), *hf.named_buffers()] if p.is_meta]
     if leftover:
         raise RuntimeError(f"Hugging Face model has unfilled tensors: {leftover[:5]}")
@@ -313,8 +315,7 @@ def vision_checks(src: Path, onnx_path: Path, dtype: str = "fp32") -> list:
     store = WeightStore.open(src / "target")
     state = {n: store.get(VISION_STORE_PREFIX + n, torch.float32) for n, _ in hf.named_parameters()}
     hf.load_state_dict(state, strict=False, assign=True)
-    fresh = type(hf.rotary_pos_emb)(cfg)  # a computed buffer: not in the checkpoint
-    hf.rotary_pos_emb.inv_freq, hf.rotary_pos_emb.original_inv_freq = fresh.inv_freq, fresh.original_inv_freq
+    _fresh_rotary(hf, cfg)
     hf.eval()
     sess = _session(onnx_path)
     float_type = np.float16 if dtype == "fp16" else np.float32

@@ -21,14 +21,9 @@ VISION_STORE_PREFIX = "visual."  # text_path indexes the tower under this prefix
 
 
 def tower_config(src: Path):
-    from transformers import AutoConfig
+    from dflash_cli.modeling.loading import multimodal_config
 
-    from dflash_cli.modeling.loading import vision_config
-
-    kept = vision_config(src)
-    # through the multimodal config's own class: it names the tower's config type as Hugging Face does
-    # (checkpoints write the tower's model_type as the model's own, "qwen3_vl")
-    return AutoConfig.for_model(kept["model_type"], vision_config=kept["vision_config"]).vision_config
+    return multimodal_config(src).vision_config
 
 
 def build_vision(src: Path, device="meta", dtype=torch.float32) -> VisionEncoder:

@@ -37,6 +37,17 @@ def vision_config(artifact_dir: Path) -> dict:
     return json.loads(path.read_text())
 
 
+def multimodal_config(artifact_dir: Path):
+    """The target's whole multimodal config (text and tower) as Hugging Face's own class builds it from what
+    convert kept; its `.vision_config` is the tower's (checkpoints name that type as the model's own)."""
+    from transformers import AutoConfig
+
+    kept = vision_config(artifact_dir)
+    text = json.loads((artifact_dir / "target" / "config.json").read_text())
+    fields = {k: v for k, v in kept.items() if k != "model_type"}
+    return AutoConfig.for_model(kept["model_type"], text_config=text, **fields)
+
+
 def load_pair_info(artifact_dir: Path) -> dict:
     return json.loads((artifact_dir / "pair.json").read_text())
 
