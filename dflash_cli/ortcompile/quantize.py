@@ -210,39 +210,30 @@ def quantize_graph(
             if len(handled) % 16 == 0 or len(handled) == len(plans):
                 report(len(handled))
 
+        # MoE nodes to QMoE, embedding tables to GatherBlockQuantized: each returns {id(node): (its
+        # replacement, new tensors)} and the names of the float tensors it replaces
+        shared = {
+            "bits": bits,
+            "block_size": block_size,
+            "done": done,
+            "identity": lambda t: _source_identity(t, src_onnx.parent, False),
+            "source": source,
+            "progress": progress,
+        }
         moe, moe_weights = quantize_experts(
-            graph,
-            inits,
-            write,
-            src_onnx.parent,
-            bits=bits,
-            block_size=block_size,
-            accuracy_level=accuracy_level,
-            done=done,
-            identity=lambda t: _source_identity(t, src_onnx.parent, False),
-            source=source,
-            quantize_kn=_quantize,
-            progress=progress,
+            graph, inits, write, src_onnx.parent, accuracy_level=accuracy_level, quantize_kn=_quantize, **shared
         )
-        for node_id, (qnode, tensors) in moe.items():
-            expanded[node_id] = [qnode]
-            new_inits += tensors
-
         gathers, tables = quantize_tables(
             graph,
             inits,
             write,
             src_onnx.parent,
-            bits=bits,
-            block_size=block_size,
-            done=done,
-            identity=lambda t: _source_identity(t, src_onnx.parent, False),
-            source=source,
             quantize_rows=_quantize_rows,
             external_tensor=_external_tensor,
-            progress=progress,
+            **shared,
         )
-        for node_id, (qnode, tensors) in gathers.items():
+        replaced = moe_weights | tables
+        for node_id, (qnode, tensors) in (moe | gathers).items():
             expanded[node_id] = [qnode]
             new_inits += tensors
 
@@ -251,8 +242,7 @@ def quantize_graph(
         keep_inits = [
             t
             for t in graph.initializer
-            if (t.name not in plans and t.name not in moe_weights and t.name not in tables and not is_deferred(t))
-            or t.name in still_used
+            if (t.name not in plans and t.name not in replaced and not is_deferred(t)) or t.name in still_used
         ]
         # A lean export's weights that stay as they are (norms): stored here, from the checkpoint.
         for i, t in enumerate(keep_inits):
