@@ -180,7 +180,7 @@ def export_shape_problems(block: int | None, prefill: int, ctx_len: int) -> list
 
 class Recipe(_Section):
     name: str = Field(min_length=1)
-    family: Literal["qwen3", "llama", "qwen3_vl", "qwen3_5", "qwen3_moe", "qwen3_5_moe", "gpt_oss"]
+    family: Literal["qwen3", "llama", "gemma4", "qwen3_vl", "qwen3_5", "qwen3_moe", "qwen3_5_moe", "gpt_oss"]
     target: CheckpointRef
     draft: CheckpointRef
     dflash: DFlashConfig = DFlashConfig()

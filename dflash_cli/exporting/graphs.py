@@ -48,7 +48,14 @@ def plan_jobs(src: Path, shape: PairShape, options: ExportOptions, reduced=None)
     """The graphs to export, in order, as modules on the meta device: the pair's, or with `reduced`
     (a reduced.ReducedPlan) the reduced model's."""
     from dflash_cli.modeling.layers import Rotary
-    from dflash_cli.modeling.loading import build_draft, build_target, draft_config, draft_store_name, target_config
+    from dflash_cli.modeling.loading import (
+        build_draft,
+        build_target,
+        draft_config,
+        draft_store_name,
+        target_config,
+        target_rotaries,
+    )
 
     dtype, logits = options.torch_dtype, options.logits
     target_cfg, draft_cfg = reduced.configs(src) if reduced is not None else (target_config(src), draft_config(src))
@@ -70,13 +77,15 @@ def plan_jobs(src: Path, shape: PairShape, options: ExportOptions, reduced=None)
     ):
         prefix = "" if gname == "target" else "draft."
         sources = weight_initializers(module, store, rename, dtype, rows)
-        rotary = Rotary(rope_cfg)
-        sources[prefix + "rotary.inv_freq"] = _constant(rotary.inv_freq.float())
-        # RoPE by table lookup in the graph (fp16-safe angles); the tables cover every cache slot.
-        cos, sin = rotary.tables(shape.ctx_len)
+        rotaries = target_rotaries(module, rope_cfg) if gname == "target" else {"rotary": Rotary(rope_cfg)}
+        tables = {}
+        for rname, rotary in rotaries.items():
+            sources[f"{prefix}{rname}.inv_freq"] = _constant(rotary.inv_freq.float())
+            # RoPE by table lookup in the graph (fp16-safe angles); the tables cover every cache slot.
+            tables[rname] = rotary.tables(shape.ctx_len)
+            sources[f"{prefix}{rname}.cos_table"] = _constant(tables[rname][0])
+            sources[f"{prefix}{rname}.sin_table"] = _constant(tables[rname][1])
         device = torch.device("meta")  # the bytes come from `sources`
-        sources[prefix + "rotary.cos_table"] = _constant(cos)
-        sources[prefix + "rotary.sin_table"] = _constant(sin)
         if getattr(module, "extra_inputs", ()):  # M-RoPE: which of t / h / w each rotary column follows
             from dflash_cli.modeling.vl_target import mrope_axes
 
@@ -87,8 +96,10 @@ def plan_jobs(src: Path, shape: PairShape, options: ExportOptions, reduced=None)
         for traced in (module, stand_in):
             if traced is not None:
                 _keep_rope_float32(traced)
-                rot = traced.rotary if gname == "target" else traced.draft.rotary
-                rot.use_tables(cos.to(device), sin.to(device))
+                for rname, (cos, sin) in tables.items():
+                    getattr(traced if gname == "target" else traced.draft, rname).use_tables(
+                        cos.to(device), sin.to(device)
+                    )
         # "_prefix": the same module traced in its prefix-cache form for ONNX Runtime (see
         # StaticCacheTarget.use_prefix_cache); `written` makes it point at the weights already written.
         for flavour in ("", "_prefix") if options.prefix_graphs else ("",):
@@ -211,6 +222,8 @@ def _mixed_layers(module) -> bool:
     from dflash_cli.modeling.hybrid_target import HybridCacheTarget
 
     if getattr(module, "deepstack", 0):  # a vision-language target: image features join its first layers only
+        return True
+    if not getattr(module, "uniform_layers", True):  # layers of several shapes (Gemma 4's global layers)
         return True
     sparse = len(getattr(module.spec, "sparse_layers", ()))
     # gpt-oss: sliding-window and full layers alternate; replication grows them from a sliding layer 0

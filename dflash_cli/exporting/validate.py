@@ -186,6 +186,7 @@ def graph_checks(
     from dflash_cli.modeling.loading import (
         build_draft,
         build_target,
+        computed_parts,
         draft_config,
         draft_store_name,
         fill_weights,
@@ -207,9 +208,7 @@ def graph_checks(
             src, options.logits, cfg=tcfg, layer_ids=ids, device="meta", dtype=torch.float32, shape=shape
         )
         fill_weights(target, WeightStore.open(src / "target"), rows=rows)
-        target.rotary = Rotary(tcfg)
-        if hasattr(target, "computed_buffers"):
-            target.computed_buffers(tcfg)
+        computed_parts(target, tcfg)
         checks = compare_graph(
             "target", onnx_path, target, calls.target_calls(rng, checks_pair, B, P), C, options.dtype
         )
@@ -262,11 +261,14 @@ def _fresh_rotary(model, cfg) -> None:
     """Rotary tables are buffers computed at construction, not checkpoint weights: rebuild on the CPU the ones
     a model built on the meta device lacks."""
     for _, module in model.named_modules():
-        if hasattr(module, "inv_freq") and module.inv_freq.is_meta:
-            fresh = type(module)(config=cfg)
-            module.inv_freq = fresh.inv_freq
-            if hasattr(module, "original_inv_freq"):
-                module.original_inv_freq = fresh.original_inv_freq
+        meta = [n for n, b in module.named_buffers(recurse=False) if b.is_meta]
+        if meta and any(n.endswith("inv_freq") for n in meta):  # one table, or one per layer kind (Gemma 4)
+            with torch.device("cpu"):
+                fresh = type(module)(config=cfg)
+            for name in meta:
+                setattr(module, name, getattr(fresh, name))
+        elif meta == ["embed_scale"] and hasattr(module, "scalar_embed_scale"):  # Gemma 4's scaled embedding
+            module.embed_scale = torch.tensor(module.scalar_embed_scale)
 
 
 def _causal_lm(cfg):

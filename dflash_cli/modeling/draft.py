@@ -14,6 +14,7 @@ from torch import nn
 from dflash_cli.modeling.layers import (
     RMSNorm,
     Rotary,
+    ScaledEmbedding,
     SwiGLU,
     append_cache,
     apply_rope,
@@ -81,7 +82,8 @@ class DFlashDraft(nn.Module):
         self.fc = nn.Linear(n_target_features * c.hidden_size, c.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.embed_tokens = nn.Embedding(vocab_size, c.hidden_size)  # injected from the target
+        # injected from the target; Gemma 4's is scaled by sqrt(hidden) (convert writes embed_scale)
+        self.embed_tokens = ScaledEmbedding(vocab_size, c.hidden_size, float(getattr(c, "embed_scale", None) or 1.0))
         self.lm_head = nn.Linear(c.hidden_size, vocab_size, bias=False)  # injected from the target
         self.rotary = Rotary(c)
 

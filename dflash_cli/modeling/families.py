@@ -36,6 +36,10 @@ FAMILIES: dict[str, Family] = {
     "qwen3_vl": Family(
         "qwen3_vl", qk_norm=True, default_mask_token_id=151669, model_types=("qwen3_vl", "qwen3_vl_text"), vision=True
     ),
+    # Gemma 4 (31B, 12B): sliding-window and global layers of different shapes (modeling/gemma4_target.py).
+    "gemma4": Family(
+        "gemma4", qk_norm=True, default_mask_token_id=None, model_types=("gemma4", "gemma4_text"), sliding=True
+    ),
     # Qwen3.5 / Qwen3.6 dense: Gated DeltaNet layers, every fourth layer gated full attention (text path).
     "qwen3_5": Family(
         "qwen3_5", qk_norm=True, default_mask_token_id=248070, model_types=("qwen3_5", "qwen3_5_text"), hybrid=True

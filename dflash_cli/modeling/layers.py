@@ -43,6 +43,19 @@ class RMSNorm(nn.Module):
         return self.weight * rms_normalize(x.float(), self.eps).to(x.dtype)
 
 
+class ScaledEmbedding(nn.Embedding):
+    """An embedding whose rows are multiplied by `scale` (Gemma 4: sqrt(hidden)). The product happens inside
+    the embedding module, so an exported graph's layers start where the scaled rows leave it (replicate.py)."""
+
+    def __init__(self, num: int, dim: int, scale: float = 1.0) -> None:
+        super().__init__(num, dim)
+        self.scale = float(scale)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = super().forward(ids)
+        return x if self.scale == 1.0 else x * torch.tensor(self.scale, dtype=x.dtype)
+
+
 class SwiGLU(nn.Module):
     def __init__(self, hidden: int, intermediate: int, bias: bool = False) -> None:
         super().__init__()
@@ -57,13 +70,16 @@ class SwiGLU(nn.Module):
 class Rotary(nn.Module):
     """RoPE tables from the Hugging Face config, so every rope type (llama3 scaling...) matches HF."""
 
-    def __init__(self, hf_config) -> None:
+    def __init__(self, hf_config=None, *, inv_freq: torch.Tensor | None = None, scaling: float = 1.0) -> None:
+        """From a config, or from given frequencies (a family with a rotary per layer kind, gemma4_target.py)."""
         super().__init__()
         from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
         params = getattr(hf_config, "rope_parameters", None) or {}
         rope_type = params.get("rope_type", "default")
-        if rope_type == "default":
+        if inv_freq is not None:
+            pass
+        elif rope_type == "default":
             base = params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
             dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
             dim = int(dim * params.get("partial_rotary_factor", 1.0))  # Qwen3.5 rotates a quarter of the head
@@ -115,7 +131,12 @@ MASKED_SCORE = -65504.0
 
 
 def grouped_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor, sinks: torch.Tensor | None = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    visible: torch.Tensor,
+    sinks: torch.Tensor | None = None,
+    scale: float | None = None,
 ) -> torch.Tensor:
     """Attention with grouped KV heads, without materialising repeated K/V.
 
@@ -129,7 +150,8 @@ def grouped_attention(
     kvh, t = k.shape[1], k.shape[2]
     groups = h // kvh
     qg = q.reshape(b, kvh, groups * s, d)
-    scores = torch.matmul(qg, k.transpose(-1, -2)) * (d**-0.5)  # [b, kvh, groups*s, t]
+    # `scale`: Gemma 4 normalises q and k and scales by 1, where others use 1/sqrt(d)
+    scores = torch.matmul(qg, k.transpose(-1, -2)) * (d**-0.5 if scale is None else scale)  # [b, kvh, groups*s, t]
     scores = scores.reshape(b, kvh, groups, s, t)
     mask = visible[:, :, None]  # [b, 1, 1, s, t]
     scores = torch.where(mask, scores, MASKED_SCORE)  # a scalar: no full-size constant per call

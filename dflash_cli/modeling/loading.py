@@ -87,6 +87,10 @@ def build_target(
 
             calls = {} if shape is None else {"longest_call": shape.longest_call, "keep_rows": shape.block}
             model = HybridCacheTarget(cfg, ids, emit_logits=emit_logits, **calls).eval()
+        elif family_for(cfg.model_type).model_type == "gemma4":
+            from dflash_cli.modeling.gemma4_target import Gemma4Target
+
+            model = Gemma4Target(cfg, ids, emit_logits=emit_logits).eval()
         else:
             from dflash_cli.modeling.target import StaticCacheTarget
 
@@ -152,16 +156,28 @@ def draft_store_name(name: str) -> str:
     return name.removeprefix(DRAFT_PREFIX)
 
 
-def load_target(artifact_dir: Path, emit_logits: bool = False):
-    """StaticCacheTarget with injected fc/hidden_norm, in eval mode, float32."""
+def target_rotaries(model, cfg) -> dict:
+    """A target's RoPE modules by attribute name (one, or one per layer kind: gemma4_target.py)."""
     from dflash_cli.modeling.layers import Rotary
 
+    make = getattr(model, "rotary_modules", None)
+    return make(cfg) if make is not None else {"rotary": Rotary(cfg)}
+
+
+def computed_parts(model, cfg) -> None:
+    """What a target built on the meta device computes rather than loads: RoPE and config-derived buffers."""
+    for name, rotary in target_rotaries(model, cfg).items():
+        setattr(model, name, rotary)
+    if hasattr(model, "computed_buffers"):
+        model.computed_buffers(cfg)
+
+
+def load_target(artifact_dir: Path, emit_logits: bool = False):
+    """StaticCacheTarget with injected fc/hidden_norm, in eval mode, float32."""
     cfg = target_config(artifact_dir)
     model = build_target(artifact_dir, emit_logits, cfg=cfg, device="meta", dtype=torch.float32)
     fill_weights(model, WeightStore.open(artifact_dir / "target"))
-    model.rotary = Rotary(cfg)  # rope tables are computed, not loaded
-    if hasattr(model, "computed_buffers"):
-        model.computed_buffers(cfg)
+    computed_parts(model, cfg)
     return model.eval()
 
 

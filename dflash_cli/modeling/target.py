@@ -51,12 +51,14 @@ class TargetSpec:
     @classmethod
     def from_hf(cls, cfg) -> TargetSpec:
         fam = family_for(cfg.model_type)
+        # Gemma 4 varies the attention geometry by layer: the spec holds layer 0's (gemma4_target.py has each)
+        geo = cfg.per_layer_config[0] if fam.model_type == "gemma4" else cfg
         return cls(
             num_layers=cfg.num_hidden_layers,
             hidden=cfg.hidden_size,
             heads=cfg.num_attention_heads,
-            kv_heads=cfg.num_key_value_heads or cfg.num_attention_heads,
-            head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
+            kv_heads=geo.num_key_value_heads or cfg.num_attention_heads,
+            head_dim=getattr(geo, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
             intermediate=cfg.intermediate_size,
             vocab=cfg.vocab_size,
             eps=cfg.rms_norm_eps,
@@ -169,12 +171,15 @@ class StaticCacheTarget(nn.Module):
         self.spec = TargetSpec.from_hf(hf_config)
         self.layer_ids = list(target_layer_ids)
         self.emit_logits = emit_logits
-        self.rotary = Rotary(hf_config)
-        self.model = _Body(self.spec)
+        for name, rotary in self.rotary_modules(hf_config).items():
+            setattr(self, name, rotary)
+        self.model = self.make_body(hf_config)
         self.lm_head = nn.Linear(self.spec.hidden, self.spec.vocab, bias=False)
         self.dflash = _Fusion(self.spec.hidden, len(self.layer_ids), self.spec.eps)
 
     prefix_cache = False
+    # Every layer of one geometry, so the export may trace one and grow the rest (exporting/replicate.py).
+    uniform_layers = True
     # Which id in layer_ids means "after the final norm" (None: the last layer). The export traces a
     # one-layer stand-in whose raw layer-0 output stands for every other tap (exporting/replicate.py),
     # so there the final-norm tap needs an id of its own (-1).
@@ -195,7 +200,7 @@ class StaticCacheTarget(nn.Module):
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, *rest: torch.Tensor):
         extra, past = rest[: len(self.extra_inputs)], rest[len(self.extra_inputs) :]
         slots_seen = past[0].shape[1] + input_ids.shape[1] if self.prefix_cache else past[0].shape[2]
-        cos, sin = self.rope(position_ids, *extra)
+        angles = self.rope(position_ids, *extra)
         slots = torch.arange(slots_seen, device=input_ids.device)
         visible = (slots[None, None, :] <= position_ids[:, :, None])[:, None]  # [b, 1, s, C]
         x = self.embed(input_ids, *extra)
@@ -209,7 +214,7 @@ class StaticCacheTarget(nn.Module):
         }
         for i, layer in enumerate(self.model.layers):
             seen = windowed[self.spec.windows[i]] if self.spec.windows and self.spec.windows[i] else visible
-            x, k, v = layer(x, cos, sin, position_ids, seen, past[2 * i], past[2 * i + 1])
+            x, k, v = layer(x, *self.layer_angles(i, angles), position_ids, seen, past[2 * i], past[2 * i + 1])
             retained += [k, v]
             if i in self.layer_ids and i != last:
                 taps[i] = x
@@ -219,13 +224,27 @@ class StaticCacheTarget(nn.Module):
         # is taken after the final norm, and drafts are trained on exactly that.
         taps[last] = normed
         context = self.dflash.hidden_norm(self.dflash.fc(torch.cat([taps[i] for i in self.layer_ids], dim=-1)))
-        logits = self.lm_head(normed)
+        logits = self.head(normed)
         tokens = torch.argmax(logits, dim=-1)
         head = (tokens, logits, context) if self.emit_logits else (tokens, context)
         return (*head, *retained)
 
+    def make_body(self, hf_config) -> nn.Module:
+        return _Body(self.spec)
+
+    def rotary_modules(self, hf_config) -> dict[str, Rotary]:
+        """The RoPE modules by attribute name: computed from the config, never loaded."""
+        return {"rotary": Rotary(hf_config)}
+
     def rope(self, position_ids: torch.Tensor, *extra: torch.Tensor):
         return self.rotary(position_ids)
+
+    def layer_angles(self, i: int, angles):
+        """Layer i's (cos, sin) out of what `rope` returned (one pair for every layer here)."""
+        return angles
+
+    def head(self, normed: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(normed)
 
     def embed(self, input_ids: torch.Tensor, *extra: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(input_ids)

@@ -129,6 +129,10 @@ def rewrite_attention(model, base_dir: Path, windows: list[int | None] | None = 
         for kind in ("cos", "sin"):
             if t.name.endswith(f"rotary.{kind}_table") and len(t.dims) == 2:
                 tables[kind] = t
+    if any(re.search(r"rotary_\w+\.cos_table$", t.name) for t in graph.initializer):
+        # Gemma 4: a RoPE per layer kind, heads of two widths, attention scaled by 1: not this kernel's pattern
+        result.skipped.append("RoPE tables of several layer kinds (rotary_*.cos_table)")
+        return result
     if set(tables) != {"cos", "sin"}:
         result.skipped.append("no RoPE tables (rotary.cos_table / sin_table) in the graph")
         return result

@@ -117,6 +117,7 @@ def describe(recipe: Any) -> Described:
     _check_roles(target_dir, raw_target_cfg, draft_cfg)
     target_cfg = text_config(raw_target_cfg)
     _check_layer_kinds(target_dir, target_cfg, "target")
+    _check_gemma4(target_dir, target_cfg)
     _check_layer_kinds(draft_dir, draft_cfg, "draft")
     _check_tokenizer(target_dir)
     vision = vision_config(raw_target_cfg) if _family_has(target_cfg.get("model_type"), "vision") else None
@@ -147,7 +148,8 @@ def write_configs(out_dir: Path, described: Described) -> None:
     _write_json(out_dir / TARGET_DIR / ckpt.CONFIG_FILE, described.target_cfg)
     if described.vision_cfg is not None:
         _write_json(out_dir / TARGET_DIR / VISION_CONFIG_FILE, described.vision_cfg)
-    _write_json(out_dir / DRAFT_DIR / ckpt.CONFIG_FILE, _resolved_draft_config(described.draft_cfg, described.pair))
+    draft_cfg = _resolved_draft_config(described.draft_cfg, described.pair, described.target_cfg)
+    _write_json(out_dir / DRAFT_DIR / ckpt.CONFIG_FILE, draft_cfg)
     (out_dir / PAIR_FILE).write_text(described.pair.to_json(), encoding="utf-8")
 
 
@@ -199,6 +201,24 @@ def _check_layer_kinds(path: Path, cfg: dict[str, Any], role: str) -> None:
             f"{supported} supported: {path / ckpt.CONFIG_FILE}",
             hint=f"this checkpoint cannot be built yet; use a pair whose {role} layers are all "
             + " or ".join(sorted(allowed)),
+        )
+
+
+def _is_gemma4(cfg: dict[str, Any]) -> bool:
+    return cfg.get("model_type") in ("gemma4", "gemma4_text")
+
+
+def _check_gemma4(path: Path, cfg: dict[str, Any]) -> None:
+    """A Gemma 4 variant computing what our module does not (gemma4_target.unsupported)."""
+    if not _is_gemma4(cfg):
+        return
+    from dflash_cli.modeling.gemma4_target import unsupported
+
+    why = unsupported(cfg)
+    if why:
+        raise CheckpointError(
+            f"this Gemma 4 target uses {why}, which dflash does not compute yet: {path / ckpt.CONFIG_FILE}",
+            hint="the dense Gemma 4 models (31B, 12B) are supported; use one of those",
         )
 
 
@@ -305,8 +325,13 @@ def _check_draft_weights(shapes: dict[str, tuple[int, ...]], expected: dict[str,
         )
 
 
-def _resolved_draft_config(draft_cfg: dict[str, Any], pair: PairInfo) -> dict[str, Any]:
+def _resolved_draft_config(draft_cfg: dict[str, Any], pair: PairInfo, target_cfg: dict[str, Any]) -> dict[str, Any]:
     cfg = dict(draft_cfg)
+    if _is_gemma4(target_cfg):
+        # The draft embeds its block through the target's embedding, which Gemma 4 scales.
+        from dflash_cli.modeling.gemma4_target import embed_scale
+
+        cfg["embed_scale"] = embed_scale(int(target_cfg["hidden_size"]), target_cfg.get("dtype"))
     cfg["block_size"] = pair.block_size
     cfg["num_target_layers"] = pair.num_target_layers
     cfg["dflash_config"] = {
