@@ -1,10 +1,11 @@
 """Images into a vision-language prompt: the checkpoint's own processor and position rules, our graphs.
 
-* `tower_inputs`: what the vision graph takes for one image, from its patch grid, computed by
+* `tower_inputs`: what Qwen3-VL's vision graph takes for one image, from its patch grid, computed by
   transformers' own helpers (the resampled position embedding's gather indices and weights, the 2-D
-  rotary positions), grouped by merge unit as the graph wants them.
+  rotary positions), grouped by merge unit as the graph wants them (Gemma 4's: vision_gemma4.py).
 * `image_prompt`: the prompt's per-slot vision inputs (vision_feeds.ImagePrompt): each image's tower
-  outputs at its image tokens, and M-RoPE positions from Hugging Face's own `get_rope_index`.
+  outputs at its image tokens, and M-RoPE positions from Hugging Face's own `get_rope_index`;
+  `gemma4_image_prompt` the same for Gemma 4 (no M-RoPE; each image's tokens a group of their own).
 """
 
 from __future__ import annotations
@@ -92,4 +93,29 @@ def image_prompt(
         prompt.embeds[slots] = np.concatenate(embeds)
         prompt.mask[slots] = 1.0
         prompt.deepstack[slots] = np.concatenate(deep)
+    return prompt
+
+
+def gemma4_image_prompt(
+    input_ids: list[int], pixel_values: np.ndarray, position_ids: np.ndarray, full_cfg, run_tower: Callable
+) -> ImagePrompt:
+    """Gemma 4's ImagePrompt from the processor's per-image `pixel_values` [N, patches, 3 p^2] and
+    `image_position_ids` [N, patches, 2] (padded to one length); `run_tower(feeds)` returns (vision_embeds,)."""
+    from dflash_cli.modeling.vision_gemma4 import tower_inputs as gemma4_tower_inputs
+
+    ids = np.asarray(input_ids)
+    slots = np.flatnonzero(ids == full_cfg.image_token_id)
+    runs = np.split(slots, np.flatnonzero(np.diff(slots) != 1) + 1) if len(slots) else []
+    feeds = [gemma4_tower_inputs(p, q, full_cfg) for p, q in zip(pixel_values, position_ids)]
+    tokens = [len(f["pixel_values"]) for f in feeds]
+    if [len(r) for r in runs] != tokens:
+        raise ValueError(f"the prompt's image token runs are {[len(r) for r in runs]} long, its images give {tokens}")
+    P, H = len(ids), full_cfg.text_config.hidden_size
+    prompt = ImagePrompt(
+        embeds=np.zeros((P, H), np.float32), mask=np.zeros(P, np.float32), groups=np.zeros(P, np.int64)
+    )
+    for k, (run, f) in enumerate(zip(runs, feeds)):
+        (prompt.embeds[run],) = run_tower(f)
+        prompt.mask[run] = 1.0
+        prompt.groups[run] = k + 1  # Hugging Face's block of contiguous image tokens
     return prompt

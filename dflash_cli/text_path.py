@@ -5,7 +5,8 @@ Qwen3.5 / Qwen3.6 ship as `Qwen3_5ForConditionalGeneration`: the language model'
 multi-token-prediction heads under `mtp.*`). Convert publishes the text path under the causal LM's
 names (`model.layers.*`, `model.embed_tokens.weight`, `lm_head.weight`) by renaming entries of the
 weight index: no tensor is read or copied. The vision weights stay in their files, unindexed, except for
-a family that takes images (Qwen3-VL): its tower is indexed as `visual.*` and its config kept beside.
+a family that takes images (Qwen3-VL, Gemma 4): its vision path is indexed without the `model.` prefix
+and its config kept beside.
 A text-only checkpoint (`Qwen3_5ForCausalLM`) already has this layout and passes through unchanged.
 """
 
@@ -16,9 +17,19 @@ from typing import Any
 from dflash_cli.weights import WeightStore
 
 LANGUAGE_PREFIX = "model.language_model."
-VISUAL_PREFIX = "model.visual."  # the vision tower's tensors: indexed as `visual.*` beside the text path
+# The vision path's tensors (Qwen3-VL's tower; Gemma 4's tower and embedder), indexed without `model.`
+# beside the text path: `visual.*`, `vision_tower.*`, `embed_vision.*`.
+VISION_PREFIXES = ("model.visual.", "model.vision_tower.", "model.embed_vision.")
 VISION_CONFIG_FILE = "vision_config.json"  # beside the text config: what a vision-language target's tower needs
-_VISION_KEYS = ("vision_config", "image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+_VISION_KEYS = (
+    "vision_config",
+    "image_token_id",
+    "video_token_id",
+    "vision_start_token_id",
+    "vision_end_token_id",
+    "boi_token_id",  # Gemma 4: an image's tokens sit between these two
+    "eoi_token_id",
+)
 # Top-level keys of a multimodal config that hold for its text path too, where text_config lacks them.
 _SHARED_KEYS = ("tie_word_embeddings", "eos_token_id", "bos_token_id", "pad_token_id")
 
@@ -45,7 +56,7 @@ def text_weights(store: WeightStore, with_vision: bool = False) -> WeightStore:
     if "lm_head.weight" in store.refs:
         refs["lm_head.weight"] = store.refs["lm_head.weight"]
     if with_vision:
-        refs |= {"visual." + n[len(VISUAL_PREFIX) :]: r for n, r in store.refs.items() if n.startswith(VISUAL_PREFIX)}
+        refs |= {n.removeprefix("model."): r for n, r in store.refs.items() if n.startswith(VISION_PREFIXES)}
     return WeightStore(store.root, refs)
 
 

@@ -92,17 +92,17 @@ def assert_quantised_runs_agree(common: list[str], prompts_file: Path) -> dict:
     return doc
 
 
-def prefix_and_static(pair: TinyPair, root: Path, hf_class=None):
+def prefix_and_static(pair: TinyPair, root: Path, hf_class=None, **export: Any):
     """(engine as built: ONNX Runtime's prefix-cache graphs, engine on the static graphs: what QAIC gets,
     the target as Hugging Face loads it: `hf_class`, else its causal LM), the graphs exported with logits
-    (sampling needs them)."""
+    (sampling needs them) and `export` settings."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from dflash_cli.decoding.engine import Engine
     from dflash_cli.recipe import load_recipe
 
-    recipe, cache = build_recipe(pair, root, export={"logits": True})
+    recipe, cache = build_recipe(pair, root, export={"logits": True, **export})
     prefix = Engine.load(recipe, cache)
     assert type(prefix.target).__name__ != "OrtSession", "the build should run the prefix-cache target"
     static = Engine.load(load_recipe(str(root / "recipe.yaml"), ["compile.ort.prefix_cache=false"]), cache)

@@ -40,14 +40,20 @@ class ImageReader:
             opts.log_severity_level = 3
             apply_thread_pool(opts)  # the engine's shared pool, where it has one
             self._session = ort.InferenceSession(str(self._vision_onnx), opts, providers=["CPUExecutionProvider"])
-        embeds, deep = self._session.run(None, feeds)
-        return embeds.astype(np.float32), deep.astype(np.float32)
+        return tuple(out.astype(np.float32) for out in self._session.run(None, feeds))
 
-    def prompt(self, input_ids: list[int], pixel_values: np.ndarray, grids: np.ndarray) -> ImagePrompt:
-        from dflash_cli.image_inputs import image_prompt
+    @property
+    def gemma4(self) -> bool:
+        return self.config.model_type == "gemma4"
 
+    def prompt(self, input_ids: list[int], pixel_values: np.ndarray, layout: np.ndarray) -> ImagePrompt:
+        """`layout`: the processor's patch grids (Qwen3-VL's `image_grid_thw`) or patch positions (Gemma 4's
+        `image_position_ids`)."""
+        from dflash_cli.image_inputs import gemma4_image_prompt, image_prompt
+
+        make = gemma4_image_prompt if self.gemma4 else image_prompt
         try:
-            return image_prompt(input_ids, np.asarray(pixel_values), grids, self.config, self._run_tower)
+            return make(input_ids, np.asarray(pixel_values), np.asarray(layout), self.config, self._run_tower)
         except ValueError as exc:
             raise GenerationError(
                 f"images do not match the prompt: {exc}", hint="one image per image placeholder"
@@ -73,31 +79,40 @@ class ImageReader:
         chat template, and the images (PIL): each image placeholder expanded to its image tokens as the
         model's processor does (one per merged patch group). Without a chat template the images lead."""
         batch = self.image_processor(images=images, return_tensors="np")
-        grids = np.asarray(batch["image_grid_thw"], np.int64).reshape(-1, 3)
         c = self.config
+        if self.gemma4:  # boi, one image token per soft token, eoi (Gemma4Processor.replace_image_token)
+            layout = np.asarray(batch["image_position_ids"], np.int64)
+            runs = [
+                [c.boi_token_id] + [c.image_token_id] * int(n) + [c.eoi_token_id]
+                for n in batch["num_soft_tokens_per_image"]
+            ]
+            lead = [c.image_token_id]
+        else:  # one image token per merged patch group, between the template's start and end tokens
+            layout = np.asarray(batch["image_grid_thw"], np.int64).reshape(-1, 3)
+            unit = c.vision_config.spatial_merge_size**2
+            runs = [[c.image_token_id] * (int(g.prod()) // unit) for g in layout]
+            lead = [c.vision_start_token_id, c.image_token_id, c.vision_end_token_id]
         if getattr(tokenizer, "chat_template", None):
             text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
             ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
         else:
             words = "\n\n".join(p["text"] for m in messages for p in _parts(m) if p.get("type") == "text")
-            lead = [c.vision_start_token_id, c.image_token_id, c.vision_end_token_id] * len(images)
-            ids = lead + list(tokenizer(words)["input_ids"])
+            ids = lead * len(images) + list(tokenizer(words)["input_ids"])
         placeholders = [i for i, t in enumerate(ids) if t == c.image_token_id]
-        if len(placeholders) != len(grids):
+        if len(placeholders) != len(runs):
             raise GenerationError(
-                f"the prompt places {len(placeholders)} image(s) but {len(grids)} were given",
+                f"the prompt places {len(placeholders)} image(s) but {len(runs)} were given",
                 hint="one {'type': 'image'} content part per image",
             )
-        unit = c.vision_config.spatial_merge_size**2
         expanded: list[int] = []
         image = 0
         for t in ids:
             if t == c.image_token_id:
-                expanded += [t] * (int(grids[image].prod()) // unit)
+                expanded += runs[image]
                 image += 1
             else:
                 expanded.append(t)
-        return expanded, self.prompt(expanded, batch["pixel_values"], grids)
+        return expanded, self.prompt(expanded, batch["pixel_values"], layout)
 
 
 def encode_with_images(engine, prompt: str | list[dict], images: list) -> tuple[list[int], ImagePrompt]:

@@ -7,6 +7,7 @@ import time
 import numpy as np
 
 from dflash_cli.backends.base import Session
+from dflash_cli.errors import GenerationError
 
 
 class TimedSession:
@@ -38,12 +39,39 @@ def padded(ids: list[int], start: int, length: int, pad_id: int = 0) -> tuple[np
     return arr, pos
 
 
+def chunk_bounds(n: int, chunk: int, spans: list[tuple[int, int]], variable: bool) -> list[tuple[int, int]]:
+    """[start, end) of each prefill call: `chunk` tokens, except that no call splits a span (an image whose
+    tokens attend to each other, Gemma 4): a call ends before the span instead, and a span longer than
+    `chunk` gets a call of its own, which only a variable-length session can take."""
+    bounds, start = [], 0
+    while start < n:
+        end = min(start + chunk, n)
+        for a, b in spans:
+            if a < end < b:  # the call would split this span
+                if a > start:
+                    end = a
+                elif variable:
+                    end = b
+                else:
+                    raise GenerationError(
+                        f"an image of {b - a} tokens does not fit one prefill call of {chunk} tokens",
+                        hint="use the ONNX Runtime prefix-cache graphs (the default), or a larger "
+                        "export.prefill_seq_len, or a smaller image",
+                    )
+        bounds.append((start, end))
+        start = end
+    return bounds
+
+
 def prefill(target: TimedSession, prompt: list[int], chunk: int) -> dict[str, np.ndarray]:
-    """Run the prompt in fixed-size chunks; returns the outputs of every real position, concatenated."""
+    """Run the prompt in chunks (chunk_bounds); returns the outputs of every real position, concatenated."""
     outs: dict[str, list[np.ndarray]] = {}
-    for start in range(0, len(prompt), chunk):
-        part = prompt[start : start + chunk]
-        ids, pos = padded(part, start, chunk)
+    feeder = getattr(target.session, "vision", None)
+    spans = feeder.prompt.image_spans() if feeder is not None and feeder.prompt is not None else []
+    variable = getattr(target.session, "variable_length", False)
+    for start, end in chunk_bounds(len(prompt), chunk, spans, variable):
+        part = prompt[start:end]
+        ids, pos = padded(part, start, max(chunk, len(part)))
         res = target.run({"input_ids": ids, "position_ids": pos})
         for k, v in res.items():
             outs.setdefault(k, []).append(v[0, : len(part)])

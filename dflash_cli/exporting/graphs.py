@@ -86,7 +86,7 @@ def plan_jobs(src: Path, shape: PairShape, options: ExportOptions, reduced=None)
             sources[f"{prefix}{rname}.cos_table"] = _constant(tables[rname][0])
             sources[f"{prefix}{rname}.sin_table"] = _constant(tables[rname][1])
         device = torch.device("meta")  # the bytes come from `sources`
-        if getattr(module, "extra_inputs", ()):  # M-RoPE: which of t / h / w each rotary column follows
+        if hasattr(module, "mrope_axes"):  # M-RoPE (Qwen3-VL): which of t / h / w each rotary column follows
             from dflash_cli.modeling.vl_target import mrope_axes
 
             sources["mrope_axes"] = _constant(
@@ -108,7 +108,7 @@ def plan_jobs(src: Path, shape: PairShape, options: ExportOptions, reduced=None)
         from dflash_cli.exporting import vision_graph
 
         tower = vision_graph.build_vision(src, dtype=dtype)
-        store, rename = WeightStore.open(src / "target"), lambda n: vision_graph.VISION_STORE_PREFIX + n
+        store, rename = WeightStore.open(src / "target"), vision_graph.store_name(src)
         sources = weight_initializers(tower, store, rename, dtype, None)
         sources["inv_freq"] = _constant(vision_graph.inv_freq(src))
         ins, _ = tower.io_names()

@@ -305,37 +305,79 @@ CHECK_GRIDS = ((1, 4, 6), (1, 2, 2))
 def vision_checks(src: Path, onnx_path: Path, dtype: str = "fp32") -> list:
     """The exported tower against Hugging Face's own, on random pixels of CHECK_GRIDS (one call each)."""
     import numpy as np
+
+    from dflash_cli.exporting.vision_graph import GRAPH, full_config, is_gemma4
+
+    cfg = full_config(src)
+    references = _gemma4_tower_references if is_gemma4(cfg) else _qwen3_vl_tower_references
+    sess = _session(onnx_path)
+    float_type = np.float16 if dtype == "fp16" else np.float32
+    checks = []
+    for label, feeds, wanted in references(src, cfg):
+        feeds = {n: v.astype(float_type) if v.dtype == np.float32 else v for n, v in feeds.items()}
+        for name, got in zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)):
+            d, tol = _diff(name, got, wanted[name], dtype)
+            checks.append(Check(GRAPH, label, name, d, tol))
+    return checks
+
+
+def _hf_module(module_cls_or_config, store, rename, cfg=None):
+    """A Hugging Face module built on the meta device, its parameters and buffers from the store."""
     from transformers import AutoModel
 
-    from dflash_cli.exporting.vision_graph import GRAPH, VISION_STORE_PREFIX, tower_config
+    with torch.device("meta"):
+        if cfg is None:
+            hf = AutoModel.from_config(module_cls_or_config, dtype=torch.float32)
+        else:
+            hf = module_cls_or_config(*cfg)
+    names = [n for n, _ in [*hf.named_parameters(), *hf.named_buffers()] if rename(n) in store]
+    hf.load_state_dict({n: store.get(rename(n), torch.float32) for n in names}, strict=False, assign=True)
+    return hf.eval()
+
+
+def _qwen3_vl_tower_references(src: Path, full_cfg):
+    import numpy as np
+
     from dflash_cli.image_inputs import tower_inputs
     from dflash_cli.weights import WeightStore
 
-    cfg = tower_config(src)
-    with torch.device("meta"):
-        hf = AutoModel.from_config(cfg, dtype=torch.float32)
-    store = WeightStore.open(src / "target")
-    state = {n: store.get(VISION_STORE_PREFIX + n, torch.float32) for n, _ in hf.named_parameters()}
-    hf.load_state_dict(state, strict=False, assign=True)
+    cfg = full_cfg.vision_config
+    hf = _hf_module(cfg, WeightStore.open(src / "target"), lambda n: "visual." + n)
     _fresh_rotary(hf, cfg)
-    hf.eval()
-    sess = _session(onnx_path)
-    float_type = np.float16 if dtype == "fp16" else np.float32
     rng = np.random.default_rng(0)
-    checks = []
     width = cfg.in_channels * cfg.temporal_patch_size * cfg.patch_size**2
     for grid in CHECK_GRIDS:
         pixels = rng.standard_normal((int(np.prod(grid)), width)).astype(np.float32)
         with torch.no_grad():
             ref = hf(torch.from_numpy(pixels), grid_thw=torch.tensor([grid]))
-        feeds = tower_inputs(pixels, grid, cfg)
-        feeds = {n: v.astype(float_type) if v.dtype == np.float32 else v for n, v in feeds.items()}
-        embeds, deep = sess.run(None, feeds)
-        label = "image {}x{}".format(*grid[1:])
-        for name, got, want in (
-            ("vision_embeds", embeds, ref.pooler_output.numpy()),
-            ("deepstack_embeds", deep, torch.stack(ref.deepstack_features).numpy()),
-        ):
-            d, tol = _diff(name, got, want, dtype)
-            checks.append(Check(GRAPH, label, name, d, tol))
-    return checks
+        wanted = {
+            "vision_embeds": ref.pooler_output.numpy(),
+            "deepstack_embeds": torch.stack(ref.deepstack_features).numpy(),
+        }
+        yield "image {}x{}".format(*grid[1:]), tower_inputs(pixels, grid, cfg), wanted
+
+
+def _gemma4_tower_references(src: Path, full_cfg):
+    """Gemma 4: Hugging Face's tower then its multimodal embedder, on patch grids of pooling windows."""
+    import numpy as np
+    from transformers.models.gemma4.modeling_gemma4 import Gemma4MultimodalEmbedder
+
+    from dflash_cli.modeling.vision_gemma4 import tower_inputs
+    from dflash_cli.weights import WeightStore
+
+    vcfg = full_cfg.vision_config
+    store = WeightStore.open(src / "target")
+    tower = _hf_module(vcfg, store, lambda n: "vision_tower." + n)
+    _fresh_rotary(tower, vcfg)
+    embedder = _hf_module(Gemma4MultimodalEmbedder, store, lambda n: "embed_vision." + n, (vcfg, full_cfg.text_config))
+    k, width = vcfg.pooling_kernel_size, 3 * vcfg.patch_size**2
+    rng = np.random.default_rng(0)
+    for _, rows, cols in CHECK_GRIDS:  # patch rows and columns: whole pooling windows
+        h, w = rows * k // 2, cols * k // 2
+        positions = np.array([(x, y) for y in range(h) for x in range(w)], np.int64)
+        pixels = rng.random((len(positions), width), dtype=np.float32)
+        with torch.no_grad():
+            pooled = tower(torch.from_numpy(pixels)[None], torch.from_numpy(positions)[None]).last_hidden_state
+            ref = embedder(inputs_embeds=pooled)
+        wanted = {"vision_embeds": ref.reshape(-1, ref.shape[-1]).numpy()}
+        yield f"image {h}x{w} patches", tower_inputs(pixels, positions, full_cfg), wanted

@@ -1,9 +1,10 @@
-"""The vision tower's graph of a vision-language target (`vision.onnx`, modeling/vision_qwen3_vl.py).
+"""The vision path's graph of a vision-language target (`vision.onnx`): Qwen3-VL's tower
+(modeling/vision_qwen3_vl.py) or Gemma 4's tower and embedder (modeling/vision_gemma4.py).
 
-One image per call: its merged tokens `m` are the one symbolic dim (every input is grouped by merge
-unit, [m, merge^2, ...], so no divisibility has to be proven to the tracer). Traced whole (a tower has
-a few dozen small blocks), its weights streamed like the language model's from the target store's
-`visual.*` tensors.
+One image per call: its image tokens `m` are the one symbolic dim (every input is grouped by what
+becomes one token, [m, group, ...], so no divisibility has to be proven to the tracer). Traced whole
+(a tower has a few dozen small blocks), its weights streamed like the language model's from the
+target store (text_path indexes them without the checkpoint's `model.` prefix).
 """
 
 from __future__ import annotations
@@ -13,28 +14,53 @@ from typing import Any
 
 import torch
 
-from dflash_cli.modeling.vision_qwen3_vl import INPUTS, OUTPUTS, VisionEncoder, axial_inv_freq
-
 GRAPH = "vision"
 CHECK_COPY = "vision-check"  # a lean export's tower with its weights, for validation only (never published)
-VISION_STORE_PREFIX = "visual."  # text_path indexes the tower under this prefix
+
+
+def full_config(src: Path):
+    from dflash_cli.modeling.loading import multimodal_config
+
+    return multimodal_config(src)
 
 
 def tower_config(src: Path):
-    from dflash_cli.modeling.loading import multimodal_config
-
-    return multimodal_config(src).vision_config
+    return full_config(src).vision_config
 
 
-def build_vision(src: Path, device="meta", dtype=torch.float32) -> VisionEncoder:
+def is_gemma4(cfg) -> bool:
+    return cfg.model_type == "gemma4"
+
+
+def build_vision(src: Path, device="meta", dtype=torch.float32):
+    cfg = full_config(src)
     with torch.device(device):
-        module = VisionEncoder(tower_config(src)).eval()
+        if is_gemma4(cfg):
+            from dflash_cli.modeling.vision_gemma4 import Gemma4VisionEncoder
+
+            module = Gemma4VisionEncoder(cfg).eval()
+        else:
+            from dflash_cli.modeling.vision_qwen3_vl import VisionEncoder
+
+            module = VisionEncoder(cfg.vision_config).eval()
     return module.to(dtype)
 
 
-def example_inputs(module: VisionEncoder, dtype: torch.dtype, m: int = 6) -> tuple:
-    """Inputs for `m` merged tokens (an example size unlike the tower's own dims, so it stays symbolic)."""
+def store_name(src: Path):
+    """The tower's parameter name -> its name in the target store."""
+    if is_gemma4(full_config(src)):
+        return lambda n: n  # `vision_tower.*` / `embed_vision.*`, as the module names them
+    return lambda n: "visual." + n
+
+
+def example_inputs(module, dtype: torch.dtype, m: int = 6) -> tuple:
+    """Inputs for `m` image tokens (an example size unlike the tower's own dims, so it stays symbolic)."""
     meta = torch.device("meta")
+    if hasattr(module, "window"):  # Gemma 4: patches grouped by pooling window, with their (x, y)
+        return (
+            torch.zeros(m, module.window, module.patch_width, dtype=dtype, device=meta),
+            torch.zeros(m, module.window, 2, dtype=torch.long, device=meta),
+        )
     u = module.merge_unit
     return (
         torch.zeros(m, u, module.patch_width, dtype=dtype, device=meta),
@@ -44,15 +70,23 @@ def example_inputs(module: VisionEncoder, dtype: torch.dtype, m: int = 6) -> tup
     )
 
 
-def facts(module: VisionEncoder) -> dict[str, Any]:
-    return {
-        "onnx": f"{GRAPH}.onnx",
-        "inputs": list(INPUTS),
-        "outputs": list(OUTPUTS),
-        "merge_unit": module.merge_unit,
-        "deepstack": len(module.deepstack_visual_indexes),
-    }
+def facts(module) -> dict[str, Any]:
+    ins, outs = module.io_names()
+    extra = (
+        {"window": module.window}
+        if hasattr(module, "window")
+        else {"merge_unit": module.merge_unit, "deepstack": len(module.deepstack_visual_indexes)}
+    )
+    return {"onnx": f"{GRAPH}.onnx", "inputs": ins, "outputs": outs, **extra}
 
 
 def inv_freq(src: Path) -> torch.Tensor:
-    return axial_inv_freq(tower_config(src))
+    """The tower's rotary frequencies (computed from the config, never loaded)."""
+    cfg = full_config(src)
+    if is_gemma4(cfg):
+        from transformers.models.gemma4.modeling_gemma4 import Gemma4VisionRotaryEmbedding
+
+        return Gemma4VisionRotaryEmbedding.compute_axial_rope_parameters(cfg.vision_config)[0].float()
+    from dflash_cli.modeling.vision_qwen3_vl import axial_inv_freq
+
+    return axial_inv_freq(cfg.vision_config)

@@ -38,7 +38,12 @@ FAMILIES: dict[str, Family] = {
     ),
     # Gemma 4 (31B, 12B): sliding-window and global layers of different shapes (modeling/gemma4_target.py).
     "gemma4": Family(
-        "gemma4", qk_norm=True, default_mask_token_id=None, model_types=("gemma4", "gemma4_text"), sliding=True
+        "gemma4",
+        qk_norm=True,
+        default_mask_token_id=None,
+        model_types=("gemma4", "gemma4_text"),
+        sliding=True,
+        vision=True,  # Gemma4ForConditionalGeneration: its tower and embedder (a text-only checkpoint has none)
     ),
     # Qwen3.5 / Qwen3.6 dense: Gated DeltaNet layers, every fourth layer gated full attention (text path).
     "qwen3_5": Family(
@@ -70,6 +75,12 @@ def family_for(model_type: str | None) -> Family:
 
 def require_qaic_support(family: str) -> None:
     """Refuse, before anything is built, a family the QAIC backend cannot take."""
+    if family == "gemma4":
+        raise DFlashError(
+            "compile.backend=qaic does not take Gemma 4 targets yet: their global layers' KV cache has another"
+            " head width and head count than the sliding layers', and the bundle's specializations assume one",
+            hint="build with `--set compile.backend=ort`",
+        )
     if FAMILIES.get(family) is not None and FAMILIES[family].vision:
         raise DFlashError(
             f"compile.backend=qaic does not take vision-language targets yet (family {family}): the bundle has no"

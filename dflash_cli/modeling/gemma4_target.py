@@ -31,6 +31,7 @@ from dflash_cli.modeling.layers import (
 from dflash_cli.modeling.target import StaticCacheTarget
 
 SLIDING, FULL = "sliding_attention", "full_attention"
+VISION_INPUTS = ("vision_embeds", "vision_mask")
 
 
 def unsupported(cfg: dict[str, Any]) -> str | None:
@@ -136,11 +137,24 @@ class _Body(nn.Module):
 
 
 class Gemma4Target(StaticCacheTarget):
+    """`vision`: the language model of Gemma4ForConditionalGeneration taking images. Its calls then take
+    `vision_embeds` [b, s, H] and `vision_mask` [b, s] (the vision path's rows replace the embedding at
+    image tokens), and where the config asks for bidirectional attention over images (31B, 26B) also
+    `image_groups` [b, s]: a sliding layer's query at an image token sees every token of the same image,
+    ahead of it too (an image's tokens sit in one call: decoding/target_calls.py); 0 at text tokens."""
+
     uniform_layers = False  # global layers have other shapes: the export traces every layer
 
-    def __init__(self, hf_config, target_layer_ids: list[int], emit_logits: bool = False) -> None:
+    def __init__(
+        self, hf_config, target_layer_ids: list[int], emit_logits: bool = False, placeholders: tuple[int, ...] = ()
+    ) -> None:
+        """`placeholders`: the image / video token ids of a vision build (none: a text-only target)."""
         self.geometry = [_Geometry(hf_config, i) for i in range(hf_config.num_hidden_layers)]
         super().__init__(hf_config, target_layer_ids, emit_logits)
+        vision = bool(placeholders)
+        bidirectional = vision and getattr(hf_config, "use_bidirectional_attention", None) == "vision"
+        self.extra_inputs = (*VISION_INPUTS, *(("image_groups",) if bidirectional else ())) if vision else ()
+        self.placeholders, self.pad_id = tuple(placeholders), int(hf_config.pad_token_id or 0)
         self.softcap = getattr(hf_config, "final_logit_softcapping", None)
 
     def make_body(self, hf_config) -> nn.Module:
@@ -164,6 +178,37 @@ class Gemma4Target(StaticCacheTarget):
 
     def layer_angles(self, i: int, angles):
         return angles[self.geometry[i].kind]
+
+    def embed(self, input_ids, *extra):
+        if not extra:
+            return self.model.embed_tokens(input_ids)
+        # As Hugging Face's multimodal model: a placeholder token (one the model generated too) embeds as padding
+        for token in self.placeholders:
+            input_ids = torch.where(input_ids == token, self.pad_id, input_ids)
+        x = self.model.embed_tokens(input_ids)
+        vision_embeds, vision_mask = extra[:2]
+        return torch.where(vision_mask[..., None] > 0.5, vision_embeds.to(x.dtype), x)
+
+    def masks(self, position_ids, slots, *extra):
+        visible, windowed = super().masks(position_ids, slots, *extra)
+        if "image_groups" not in self.extra_inputs:
+            return visible, windowed
+        groups = extra[self.extra_inputs.index("image_groups")]  # [b, s]
+        # each slot's image group: a slot this call writes takes its row's group; earlier slots 0 (an image
+        # never spans calls, so tokens of earlier calls are never in a query's own image)
+        writes = (position_ids[:, :, None] == slots[None, None, :]).to(groups.dtype)  # [b, s, C]
+        slot_groups = (writes * groups[:, :, None]).sum(1)  # [b, C]
+        same = (groups[:, :, None] == slot_groups[:, None, :]) & (groups[:, :, None] > 0)
+        for w in windowed:
+            near = (slots[None, None, :] > position_ids[:, :, None] - w)[:, None]
+            windowed[w] = (visible | same[:, None]) & near
+        return visible, windowed
+
+    def text_inputs(self, position_ids: torch.Tensor, dtype=torch.float32) -> list[torch.Tensor]:
+        """The neutral extra inputs of a text-only call at `position_ids` [b, s]."""
+        b, s = position_ids.shape
+        neutral = [torch.zeros(b, s, self.spec.hidden, dtype=dtype), torch.zeros(b, s, dtype=dtype)]
+        return neutral + ([torch.zeros(b, s, dtype=torch.long)] if "image_groups" in self.extra_inputs else [])
 
     def head(self, normed: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(normed)

@@ -77,7 +77,14 @@ def build_target(
     cfg = cfg or target_config(artifact_dir)
     ids = layer_ids if layer_ids is not None else load_pair_info(artifact_dir)["target_layer_ids"]
     with torch.device(device):
-        if family_for(cfg.model_type).vision:
+        if family_for(cfg.model_type).model_type == "gemma4":
+            from dflash_cli.modeling.gemma4_target import Gemma4Target
+            from dflash_cli.text_path import VISION_CONFIG_FILE
+
+            kept = vision_config(artifact_dir) if (artifact_dir / "target" / VISION_CONFIG_FILE).is_file() else {}
+            placeholders = tuple(kept[k] for k in ("image_token_id", "video_token_id") if kept.get(k) is not None)
+            model = Gemma4Target(cfg, ids, emit_logits=emit_logits, placeholders=placeholders).eval()
+        elif family_for(cfg.model_type).vision:
             from dflash_cli.modeling.vl_target import VisionLanguageTarget
 
             deepstack = len(vision_config(artifact_dir)["vision_config"].get("deepstack_visual_indexes", ()))
@@ -87,10 +94,6 @@ def build_target(
 
             calls = {} if shape is None else {"longest_call": shape.longest_call, "keep_rows": shape.block}
             model = HybridCacheTarget(cfg, ids, emit_logits=emit_logits, **calls).eval()
-        elif family_for(cfg.model_type).model_type == "gemma4":
-            from dflash_cli.modeling.gemma4_target import Gemma4Target
-
-            model = Gemma4Target(cfg, ids, emit_logits=emit_logits).eval()
         else:
             from dflash_cli.modeling.target import StaticCacheTarget
 

@@ -202,16 +202,10 @@ class StaticCacheTarget(nn.Module):
         slots_seen = past[0].shape[1] + input_ids.shape[1] if self.prefix_cache else past[0].shape[2]
         angles = self.rope(position_ids, *extra)
         slots = torch.arange(slots_seen, device=input_ids.device)
-        visible = (slots[None, None, :] <= position_ids[:, :, None])[:, None]  # [b, 1, s, C]
+        visible, windowed = self.masks(position_ids, slots, *extra)
         x = self.embed(input_ids, *extra)
         taps, retained = {}, []
         last = self.spec.num_layers - 1 if self.normed_tap is None else self.normed_tap
-        # A sliding-window layer sees only the last `window` positions (gpt-oss); its cache still has every slot.
-        # `visible` first: replication finds the full mask as the first input of the window mask's And.
-        windowed = {
-            w: visible & (slots[None, None, :] > position_ids[:, :, None] - w)[:, None]
-            for w in set(self.spec.windows) - {None}
-        }
         for i, layer in enumerate(self.model.layers):
             seen = windowed[self.spec.windows[i]] if self.spec.windows and self.spec.windows[i] else visible
             x, k, v = layer(x, *self.layer_angles(i, angles), position_ids, seen, past[2 * i], past[2 * i + 1])
@@ -228,6 +222,17 @@ class StaticCacheTarget(nn.Module):
         tokens = torch.argmax(logits, dim=-1)
         head = (tokens, logits, context) if self.emit_logits else (tokens, context)
         return (*head, *retained)
+
+    def masks(self, position_ids: torch.Tensor, slots: torch.Tensor, *extra: torch.Tensor):
+        """(what a full-attention layer's queries see [b, 1, s, C], {window: what a sliding layer's see})."""
+        visible = (slots[None, None, :] <= position_ids[:, :, None])[:, None]
+        # A sliding-window layer sees only the last `window` positions (gpt-oss); its cache still has every slot.
+        # `visible` first: replication finds the full mask as the first input of the window mask's And.
+        windowed = {
+            w: visible & (slots[None, None, :] > position_ids[:, :, None] - w)[:, None]
+            for w in set(self.spec.windows) - {None}
+        }
+        return visible, windowed
 
     def make_body(self, hf_config) -> nn.Module:
         return _Body(self.spec)

@@ -69,7 +69,8 @@ class _ClippableLinear(nn.Module):
         self.clipped = cfg.use_clipped_linears
         if self.clipped:
             for name, value in (("input_min", -1), ("input_max", 1), ("output_min", -1), ("output_max", 1)):
-                self.register_buffer(name, torch.tensor(value * float("inf")))
+                # checkpoint tensors (buffers in Hugging Face's module): parameters here, so the export streams them
+                setattr(self, name, nn.Parameter(torch.tensor(value * float("inf")), requires_grad=False))
 
     @staticmethod
     def _clamp(x, lo, hi):
@@ -165,8 +166,8 @@ class _Tower(nn.Module):
         self.encoder = _Encoder(cfg)
         self.standardize = cfg.standardize
         if self.standardize:
-            self.register_buffer("std_bias", torch.zeros(cfg.hidden_size))
-            self.register_buffer("std_scale", torch.ones(cfg.hidden_size))
+            self.std_bias = nn.Parameter(torch.zeros(cfg.hidden_size), requires_grad=False)
+            self.std_scale = nn.Parameter(torch.ones(cfg.hidden_size), requires_grad=False)
 
 
 class _Embedder(nn.Module):
