@@ -155,3 +155,28 @@ def test_run_with_images_on_the_command_line_equals_hf_generate(built, tmp_path)
         )
         doc = json.loads(out.stdout)
         assert doc["prompt_tokens"] == len(ids) and _agrees(engine, doc["token_ids"], want, NEW_TOKENS), mode
+
+
+@pytest.mark.slow
+def test_int4_build_stores_no_float_tower_and_image_prompts_stay_lossless(tmp_path) -> None:
+    """An int4 build: graphs only in the export (the tower validated on a deleted copy), the tower's and the
+    language model's MatMuls quantised, and image prompts decode identically in every mode."""
+    import onnx
+    from transformers import AutoConfig
+
+    from tests.engines import open_engine
+
+    pair = make_pair(tmp_path / "pair", "gemma4")
+    engine = open_engine(
+        pair, tmp_path / "build", export={"ctx_len": 256}, compile={"ort": {"precision": "int4", "block_size": 16}}
+    )
+    assert (engine.export_dir / "vision.onnx.data").stat().st_size == 0
+    assert not (engine.export_dir / "vision-check").exists()
+    for graph in ("vision.onnx", "target_prefix.onnx"):
+        ops = {n.op_type for n in onnx.load(str(engine.compile_dir / graph), load_external_data=False).graph.node}
+        assert "MatMulNBits" in ops, graph
+    hf = type("HF", (), {"config": AutoConfig.from_pretrained(str(pair.target_dir))})
+    for ids, batch in _image_prompts(engine, hf, 6, seed=2):
+        images = engine.images.prompt(ids, batch["pixel_values"], batch["image_position_ids"])
+        runs = {m: engine.generate(ids, mode=m, max_new_tokens=12, images=images).tokens for m in MODES}
+        assert all(r == runs["plain"] for r in runs.values()), len(ids)
