@@ -44,18 +44,29 @@ def tower_inputs(pixel_values: np.ndarray, grid_thw, vcfg) -> dict[str, np.ndarr
     }
 
 
+def _multimodal_model_class(full_cfg):
+    """Hugging Face's multimodal model class of the config (its rope-index rule)."""
+    if full_cfg.model_type.startswith("qwen3_5"):
+        from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5Model
+
+        return Qwen3_5Model
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLModel
+
+    return Qwen3VLModel
+
+
 def rope_index(input_ids: list[int], grids: np.ndarray, full_cfg) -> tuple[np.ndarray, int]:
     """M-RoPE positions [P, 3] of a prompt and the offset after it, by Hugging Face's own rule."""
     import torch
-    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLModel
 
+    model = _multimodal_model_class(full_cfg)
     ids = torch.tensor([input_ids])
     types = (ids == full_cfg.image_token_id).int()
     shim = SimpleNamespace(
-        config=full_cfg, get_vision_position_ids=lambda *a, **k: Qwen3VLModel.get_vision_position_ids(None, *a, **k)
+        config=full_cfg, get_vision_position_ids=lambda *a, **k: model.get_vision_position_ids(None, *a, **k)
     )
     grid = torch.as_tensor(np.asarray(grids, np.int64).reshape(-1, 3)) if len(grids) else None
-    positions, delta = Qwen3VLModel.get_rope_index(shim, ids, types, image_grid_thw=grid)
+    positions, delta = model.get_rope_index(shim, ids, types, image_grid_thw=grid)
     return positions[:, 0].T.numpy().astype(np.int64), int(delta.reshape(-1)[0])
 
 
@@ -73,26 +84,29 @@ def image_prompt(
     if len(slots) != sum(tokens):
         raise ValueError(f"the prompt has {len(slots)} image tokens, its images {sum(tokens)}")
     embeds, deep, start = [], [], 0
+    k = len(getattr(vcfg, "deepstack_visual_indexes", None) or ())  # Qwen3.5: none
     for grid in grids:
         rows = int(grid.prod())
-        e, d = run_tower(tower_inputs(pixel_values[start : start + rows], grid, vcfg))
-        embeds.append(e)
-        deep.append(np.moveaxis(d, 0, 1))  # [m, k, H]
+        out = run_tower(tower_inputs(pixel_values[start : start + rows], grid, vcfg))
+        embeds.append(out[0])
+        if k:
+            deep.append(np.moveaxis(out[1], 0, 1))  # [m, k, H]
         start += rows
     P = len(ids)
-    H, k = full_cfg.text_config.hidden_size, len(vcfg.deepstack_visual_indexes)
+    H = full_cfg.text_config.hidden_size
     rope, offset = rope_index(list(ids), grids, full_cfg)
     prompt = ImagePrompt(
         rope=rope,
         embeds=np.zeros((P, H), np.float32),
         mask=np.zeros(P, np.float32),
-        deepstack=np.zeros((P, k, H), np.float32),
+        deepstack=np.zeros((P, k, H), np.float32) if k else None,
         offset=offset,
     )
     if len(slots):
         prompt.embeds[slots] = np.concatenate(embeds)
         prompt.mask[slots] = 1.0
-        prompt.deepstack[slots] = np.concatenate(deep)
+        if k:
+            prompt.deepstack[slots] = np.concatenate(deep)
     return prompt
 
 

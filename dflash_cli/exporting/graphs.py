@@ -87,11 +87,9 @@ def plan_jobs(src: Path, shape: PairShape, options: ExportOptions, reduced=None)
             sources[f"{prefix}{rname}.sin_table"] = _constant(tables[rname][1])
         device = torch.device("meta")  # the bytes come from `sources`
         if hasattr(module, "mrope_axes"):  # M-RoPE (Qwen3-VL): which of t / h / w each rotary column follows
-            from dflash_cli.modeling.vl_target import mrope_axes
+            from dflash_cli.modeling.vl_target import mrope_axes_of
 
-            sources["mrope_axes"] = _constant(
-                mrope_axes(module.spec.head_dim, rope_cfg.rope_parameters["mrope_section"])
-            )
+            sources["mrope_axes"] = _constant(mrope_axes_of(rope_cfg, module.spec.head_dim))
         stand_in = _one_layer_stand_in(gname, module, rope_cfg, src, options, rows)
         for traced in (module, stand_in):
             if traced is not None:

@@ -350,10 +350,9 @@ def _qwen3_vl_tower_references(src: Path, full_cfg):
         pixels = rng.standard_normal((int(np.prod(grid)), width)).astype(np.float32)
         with torch.no_grad():
             ref = hf(torch.from_numpy(pixels), grid_thw=torch.tensor([grid]))
-        wanted = {
-            "vision_embeds": ref.pooler_output.numpy(),
-            "deepstack_embeds": torch.stack(ref.deepstack_features).numpy(),
-        }
+        wanted = {"vision_embeds": ref.pooler_output.numpy()}
+        if getattr(ref, "deepstack_features", None):  # Qwen3.5's tower has none
+            wanted["deepstack_embeds"] = torch.stack(ref.deepstack_features).numpy()
         yield "image {}x{}".format(*grid[1:]), tower_inputs(pixels, grid, cfg), wanted
 
 

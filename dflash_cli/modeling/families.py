@@ -20,7 +20,8 @@ class Family:
     moe: bool = False
     # Sliding-window attention layers (config `layer_types`), computed with their window
     sliding: bool = False
-    # Images in: a vision tower graph and a language model taking its features (modeling/vl_target.py)
+    # Images in, where the checkpoint has a vision tower: its graph and a language model taking its features
+    # (modeling/vl_target.py, gemma4_target.py, hybrid_target.py); a QAIC build keeps the text path only
     vision: bool = False
 
 
@@ -47,7 +48,12 @@ FAMILIES: dict[str, Family] = {
     ),
     # Qwen3.5 / Qwen3.6 dense: Gated DeltaNet layers, every fourth layer gated full attention (text path).
     "qwen3_5": Family(
-        "qwen3_5", qk_norm=True, default_mask_token_id=248070, model_types=("qwen3_5", "qwen3_5_text"), hybrid=True
+        "qwen3_5",
+        qk_norm=True,
+        default_mask_token_id=248070,
+        model_types=("qwen3_5", "qwen3_5_text"),
+        hybrid=True,
+        vision=True,  # Qwen3_5ForConditionalGeneration's tower (on ONNX Runtime; QAIC builds the text path)
     ),
     # Qwen3.5 / Qwen3.6 mixture of experts (35B-A3B): the same layers, each MLP routed experts plus a shared one.
     "qwen3_5_moe": Family(
@@ -57,6 +63,7 @@ FAMILIES: dict[str, Family] = {
         model_types=("qwen3_5_moe", "qwen3_5_moe_text"),
         hybrid=True,
         moe=True,
+        vision=True,
     ),
 }
 
@@ -81,7 +88,7 @@ def require_qaic_support(family: str) -> None:
             " head width and head count than the sliding layers', and the bundle's specializations assume one",
             hint="build with `--set compile.backend=ort`",
         )
-    if FAMILIES.get(family) is not None and FAMILIES[family].vision:
+    if family == "qwen3_vl":
         raise DFlashError(
             f"compile.backend=qaic does not take vision-language targets yet (family {family}): the bundle has no"
             " vision program",

@@ -156,9 +156,19 @@ class HybridCacheTarget(nn.Module):
     normed_tap: int | None = None
     prefix_cache = False
 
+    extra_inputs: tuple[str, ...] = ()
+
     def __init__(
-        self, hf_config, target_layer_ids: list[int], emit_logits: bool = False, longest_call: int = 64, keep_rows=16
+        self,
+        hf_config,
+        target_layer_ids: list[int],
+        emit_logits: bool = False,
+        longest_call: int = 64,
+        keep_rows=16,
+        vision: bool = False,
     ) -> None:
+        """`vision`: the language model of Qwen3_5ForConditionalGeneration taking images: its calls also take
+        M-RoPE positions and the tower's rows at image tokens (as modeling/vl_target.py, without deepstack)."""
         super().__init__()
         self.spec = HybridSpec.from_hf(hf_config)
         self.layer_ids = list(target_layer_ids)
@@ -168,6 +178,23 @@ class HybridCacheTarget(nn.Module):
         self.model = _Body(hf_config, self.spec, squarings_for(longest_call))
         self.lm_head = nn.Linear(self.spec.hidden, self.spec.vocab, bias=False)
         self.dflash = _Fusion(self.spec.hidden, len(self.layer_ids), self.spec.eps)
+        if vision:
+            self.extra_inputs = ("rope_position_ids", "vision_embeds", "vision_mask")
+            self.register_buffer("mrope_axes", None, persistent=False)
+            self.computed_buffers(hf_config)
+
+    def computed_buffers(self, hf_config) -> None:
+        """Buffers computed from the config, not loaded (again on the CPU after a build on the meta device)."""
+        if self.extra_inputs:
+            from dflash_cli.modeling.vl_target import mrope_axes_of
+
+            self.mrope_axes = mrope_axes_of(hf_config, self.spec.head_dim)
+
+    def text_inputs(self, position_ids: torch.Tensor, dtype=torch.float32) -> list[torch.Tensor]:
+        """The neutral extra inputs of a text-only call at `position_ids` [b, s]."""
+        b, s = position_ids.shape
+        rope = position_ids[..., None].expand(b, s, 3).clone()
+        return [rope, torch.zeros(b, s, self.spec.hidden, dtype=dtype), torch.zeros(b, s, dtype=dtype)]
 
     def use_prefix_cache(self, on: bool = True) -> None:
         """The ONNX Runtime form: attention layers as StaticCacheTarget.use_prefix_cache; linear layers keep
@@ -188,10 +215,16 @@ class HybridCacheTarget(nn.Module):
             slots_seen = first_kv.shape[1] + input_ids.shape[1] if self.prefix_cache else first_kv.shape[2]
             slots = torch.arange(slots_seen, device=input_ids.device)
             visible = (slots[None, None, :] <= position_ids[:, :, None])[:, None]
-        cos, sin = self.rotary(position_ids)
         plan = row_plan(position_ids, state[DELTA_POSITIONS], self._rows_kept())
         valid, fresh, commit, fold, pick, kept_positions = plan
         x = self.model.embed_tokens(input_ids)
+        if self.extra_inputs:
+            from dflash_cli.modeling.vl_target import merge_image_rows, mrope_cos_sin
+
+            cos, sin = mrope_cos_sin(self.rotary, state["rope_position_ids"], self.mrope_axes)
+            x = merge_image_rows(x, state["vision_embeds"], state["vision_mask"])
+        else:
+            cos, sin = self.rotary(position_ids)
         taps, retained = {}, []
         last = self.spec.num_layers - 1 if self.normed_tap is None else self.normed_tap
         for i, layer in enumerate(self.model.layers):
@@ -258,4 +291,5 @@ class HybridCacheTarget(nn.Module):
             cache_in += [f"past_{p}.{i}" for p in parts]
         cache_in.append(DELTA_POSITIONS)
         head = ["tokens", "logits", "context_features"] if self.emit_logits else ["tokens", "context_features"]
-        return ["input_ids", "position_ids", *cache_in], [*head, *cache_outputs(cache_in, self.prefix_cache)]
+        ins = ["input_ids", "position_ids", *self.extra_inputs, *cache_in]
+        return ins, [*head, *cache_outputs(cache_in, self.prefix_cache)]

@@ -84,16 +84,18 @@ def build_target(
             kept = vision_config(artifact_dir) if (artifact_dir / "target" / VISION_CONFIG_FILE).is_file() else {}
             placeholders = tuple(kept[k] for k in ("image_token_id", "video_token_id") if kept.get(k) is not None)
             model = Gemma4Target(cfg, ids, emit_logits=emit_logits, placeholders=placeholders).eval()
+        elif family_for(cfg.model_type).hybrid:
+            from dflash_cli.modeling.hybrid_target import HybridCacheTarget
+            from dflash_cli.text_path import VISION_CONFIG_FILE
+
+            calls = {} if shape is None else {"longest_call": shape.longest_call, "keep_rows": shape.block}
+            vision = (artifact_dir / "target" / VISION_CONFIG_FILE).is_file()  # Qwen3.5 taking images
+            model = HybridCacheTarget(cfg, ids, emit_logits=emit_logits, vision=vision, **calls).eval()
         elif family_for(cfg.model_type).vision:
             from dflash_cli.modeling.vl_target import VisionLanguageTarget
 
             deepstack = len(vision_config(artifact_dir)["vision_config"].get("deepstack_visual_indexes", ()))
             model = VisionLanguageTarget(cfg, ids, emit_logits=emit_logits, deepstack=deepstack).eval()
-        elif family_for(cfg.model_type).hybrid:
-            from dflash_cli.modeling.hybrid_target import HybridCacheTarget
-
-            calls = {} if shape is None else {"longest_call": shape.longest_call, "keep_rows": shape.block}
-            model = HybridCacheTarget(cfg, ids, emit_logits=emit_logits, **calls).eval()
         else:
             from dflash_cli.modeling.target import StaticCacheTarget
 

@@ -112,14 +112,15 @@ class VisionEncoder(nn.Module):
         self.pos_embed = nn.Embedding(cfg.num_position_embeddings, cfg.hidden_size)
         self.blocks = nn.ModuleList(_Block(cfg) for _ in range(cfg.depth))
         self.merger = _Merger(cfg, postshuffle=False)
-        self.deepstack_visual_indexes = list(cfg.deepstack_visual_indexes)
+        # Qwen3.5's tower is this one without deepstack mergers (and without the deepstack output)
+        self.deepstack_visual_indexes = list(getattr(cfg, "deepstack_visual_indexes", None) or ())
         self.deepstack_merger_list = nn.ModuleList(_Merger(cfg, True) for _ in self.deepstack_visual_indexes)
         self.register_buffer("inv_freq", axial_inv_freq(cfg), persistent=False)
         self.merge_unit = cfg.spatial_merge_size**2
         self.patch_width = cfg.in_channels * cfg.temporal_patch_size * cfg.patch_size**2
 
     def io_names(self) -> tuple[list[str], list[str]]:
-        return list(INPUTS), list(OUTPUTS)
+        return list(INPUTS), list(OUTPUTS if self.deepstack_visual_indexes else OUTPUTS[:1])
 
     def use_prefix_cache(self, on: bool = True) -> None:
         """No cache: the export asks every graph's module (the language graphs have two forms)."""
@@ -142,4 +143,4 @@ class VisionEncoder(nn.Module):
             x = block(x, cos, sin)
             if i in self.deepstack_visual_indexes:
                 deepstack.append(self.deepstack_merger_list[self.deepstack_visual_indexes.index(i)](x)[0])
-        return self.merger(x)[0], torch.stack(deepstack)
+        return (self.merger(x)[0], torch.stack(deepstack)) if deepstack else self.merger(x)[0]

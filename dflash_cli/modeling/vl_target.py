@@ -31,6 +31,29 @@ def mrope_axes(head_dim: int, section: list[int]) -> torch.Tensor:
     return torch.cat((axes, axes))
 
 
+def mrope_axes_of(hf_config, head_dim: int) -> torch.Tensor:
+    """mrope_axes over the rotated part of the head (Qwen3.5 rotates a quarter of it)."""
+    params = getattr(hf_config, "rope_parameters", None) or {}
+    return mrope_axes(int(head_dim * params.get("partial_rotary_factor", 1.0)), params["mrope_section"])
+
+
+def mrope_cos_sin(rotary, rope_position_ids: torch.Tensor, axes: torch.Tensor):
+    """(cos, sin) [b, 1, s, d] with each rotary column at the position of its axis (t, h or w)."""
+    per_axis = [rotary(rope_position_ids[..., a]) for a in range(3)]  # each (cos, sin) [b, 1, s, d]
+    axes = axes.to(rope_position_ids.device)
+
+    def pick(i: int) -> torch.Tensor:
+        t, h, w = (p[i] for p in per_axis)
+        return torch.where(axes == 1, h, torch.where(axes == 2, w, t))
+
+    return pick(0), pick(1)
+
+
+def merge_image_rows(x: torch.Tensor, vision_embeds: torch.Tensor, vision_mask: torch.Tensor) -> torch.Tensor:
+    """The vision tower's rows in place of the token embedding at image tokens (Hugging Face's masked_scatter)."""
+    return torch.where(vision_mask[..., None] > 0.5, vision_embeds.to(x.dtype), x)
+
+
 class VisionLanguageTarget(StaticCacheTarget):
     extra_inputs = VL_INPUTS
 
@@ -42,22 +65,13 @@ class VisionLanguageTarget(StaticCacheTarget):
 
     def computed_buffers(self, hf_config) -> None:
         """Buffers computed from the config, not loaded (again on the CPU after a build on the meta device)."""
-        section = (getattr(hf_config, "rope_parameters", None) or {})["mrope_section"]
-        self.mrope_axes = mrope_axes(self.spec.head_dim, section)
+        self.mrope_axes = mrope_axes_of(hf_config, self.spec.head_dim)
 
     def rope(self, position_ids, rope_position_ids, *rest):
-        per_axis = [self.rotary(rope_position_ids[..., a]) for a in range(3)]  # each (cos, sin) [b, 1, s, d]
-        axes = self.mrope_axes.to(position_ids.device)
-
-        def pick(i: int) -> torch.Tensor:
-            t, h, w = (p[i] for p in per_axis)
-            return torch.where(axes == 1, h, torch.where(axes == 2, w, t))
-
-        return pick(0), pick(1)
+        return mrope_cos_sin(self.rotary, rope_position_ids, self.mrope_axes)
 
     def embed(self, input_ids, rope_position_ids, vision_embeds, vision_mask, deepstack_embeds):
-        x = self.model.embed_tokens(input_ids)
-        return torch.where(vision_mask[..., None] > 0.5, vision_embeds.to(x.dtype), x)
+        return merge_image_rows(self.model.embed_tokens(input_ids), vision_embeds, vision_mask)
 
     def after_layer(self, i, x, rope_position_ids, vision_embeds, vision_mask, deepstack_embeds):
         return x + deepstack_embeds[:, :, i].to(x.dtype) if i < self.deepstack else x

@@ -38,7 +38,8 @@ TOKENIZER_MARKERS = ("tokenizer.json", "tokenizer.model", "vocab.json")
 
 class ConvertStage:
     name = "convert"
-    version = 4  # 3: the text path of multimodal checkpoints (Qwen3.5); 4: stacked experts (MoE)
+    # 3: the text path of multimodal checkpoints (Qwen3.5); 4: stacked experts (MoE); 5: Gemma 4, Qwen3.5's tower
+    version = 5
     upstream: tuple[str, ...] = ()
     tools: tuple[str, ...] = ()  # reads headers and links files: only its own version matters
 
@@ -55,6 +56,7 @@ class ConvertStage:
             "mask_token_id": recipe.dflash.mask_token_id,
             "target_fingerprint": ckpt.fingerprint(target_dir),
             "draft_fingerprint": ckpt.fingerprint(draft_dir),
+            "images": takes_images(recipe),
         }
 
     def run(self, ctx: StageContext) -> dict[str, Any]:
@@ -120,7 +122,8 @@ def describe(recipe: Any) -> Described:
     _check_gemma4(target_dir, target_cfg)
     _check_layer_kinds(draft_dir, draft_cfg, "draft")
     _check_tokenizer(target_dir)
-    vision = vision_config(raw_target_cfg) if _family_has(target_cfg.get("model_type"), "vision") else None
+    images = _family_has(target_cfg.get("model_type"), "vision") and takes_images(recipe)
+    vision = vision_config(raw_target_cfg) if images else None
     target = text_weights(WeightStore.open(target_dir), with_vision=vision is not None)
     if EMBED_KEY not in target:
         raise CheckpointError(
@@ -202,6 +205,12 @@ def _check_layer_kinds(path: Path, cfg: dict[str, Any], role: str) -> None:
             hint=f"this checkpoint cannot be built yet; use a pair whose {role} layers are all "
             + " or ".join(sorted(allowed)),
         )
+
+
+def takes_images(recipe: Any) -> bool:
+    """Whether the build keeps a multimodal checkpoint's vision path: not for QAIC, whose bundle has no vision
+    program yet (it refuses Qwen3-VL and Gemma 4 targets; Qwen3.5 builds its text path)."""
+    return getattr(getattr(recipe, "compile", None), "backend", "ort") != "qaic"
 
 
 def _is_gemma4(cfg: dict[str, Any]) -> bool:
