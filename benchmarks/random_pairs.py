@@ -264,6 +264,69 @@ QWEN3_VL_PREPROCESSOR = {
 }
 
 
+def _gemma4_31b(layers: int = 60) -> dict:
+    """Gemma 4 31B's text model (model card and the implementations that run it: 60 layers, five 1024-token
+    window layers to one global; 32 query heads; window layers 16 KV heads of 256, global layers 4 KV heads
+    of 512 whose values are their keys' projection, a quarter rotated; logits capped at 30; no per-layer
+    embeddings), as Gemma4ForCausalLM's text config."""
+    return {
+        "architectures": ["Gemma4ForCausalLM"],
+        "model_type": "gemma4_text",
+        "vocab_size": 262144,
+        "hidden_size": 5376,
+        "intermediate_size": 21504,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 16,
+        "head_dim": 256,
+        "global_head_dim": 512,
+        "num_global_key_value_heads": 4,
+        "attention_k_eq_v": True,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "max_position_embeddings": 262144,
+        "rms_norm_eps": 1e-6,
+        "sliding_window": 1024,
+        "layer_types": ["full_attention" if i % 6 == 5 else "sliding_attention" for i in range(layers)],
+        "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1000000.0},
+        },
+        "final_logit_softcapping": 30.0,
+        "hidden_size_per_layer_input": 0,
+        "tie_word_embeddings": True,
+        "pad_token_id": 0,
+        "eos_token_id": 106,
+        "bos_token_id": 2,
+        "dtype": "bfloat16",
+    }
+
+
+def gemma4_layer_shapes(c: dict, i: int) -> dict[str, tuple[int, ...]]:
+    H, inter, heads = c["hidden_size"], c["intermediate_size"], c["num_attention_heads"]
+    full = c["layer_types"][i] == "full_attention"
+    d = c["global_head_dim"] if full else c["head_dim"]
+    kvh = c["num_global_key_value_heads"] if full else c["num_key_value_heads"]
+    p = f"model.layers.{i}."
+    shapes = {
+        "self_attn.q_proj.weight": (heads * d, H),
+        "self_attn.k_proj.weight": (kvh * d, H),
+        "self_attn.o_proj.weight": (H, heads * d),
+        "self_attn.q_norm.weight": (d,),
+        "self_attn.k_norm.weight": (d,),
+        "mlp.gate_proj.weight": (inter, H),
+        "mlp.up_proj.weight": (inter, H),
+        "mlp.down_proj.weight": (H, inter),
+        "layer_scalar": (1,),
+    }
+    if not full:  # a global layer's values are its keys' projection
+        shapes["self_attn.v_proj.weight"] = (kvh * d, H)
+    for norm in ("input", "post_attention", "pre_feedforward", "post_feedforward"):
+        shapes[f"{norm}_layernorm.weight"] = (H,)
+    return {p + k: v for k, v in shapes.items()}
+
+
+GEMMA4_SPECIAL = {"<pad>": 0, "<eos>": 1, "<bos>": 2, "<mask>": 4, "<start_of_turn>": 105, "<end_of_turn>": 106}
+
 # name -> (target config, special tokens, draft: layers, intermediate, block, mask id, target_layer_ids)
 PAIRS = {
     "qwen3-0.6b": (_qwen3(1024, 28, 16, 3072, True), QWEN3_SPECIAL, 5, 3072, 16, 151669, [1, 7, 13, 19, 25]),
@@ -282,6 +345,8 @@ PAIRS = {
     "gpt-oss-20b": (_gpt_oss(24), GPT_OSS_SPECIAL, 5, 5760, 16, 200000, [1, 6, 11, 16, 21]),
     "gpt-oss-20b-4l": (_gpt_oss(4), GPT_OSS_SPECIAL, 5, 5760, 16, 200000, [0, 1, 2, 3]),
     "qwen3-vl-8b": (_qwen3_vl_8b(), QWEN3_VL_SPECIAL, 5, 12288, 16, 151669, [1, 9, 17, 25, 33]),
+    # 12 of Gemma 4 31B's 60 layers (10 window, 2 global) at their real widths (the whole is 62 GB of bf16)
+    "gemma-4-31b-12l": (_gemma4_31b(12), GEMMA4_SPECIAL, 5, 21504, 16, 4, [1, 3, 5, 7, 9]),
     # and 2: the per-layer cost is the difference, for projecting the 48-layer model
     "qwen3-coder-30b-a3b-2l": (_qwen3_moe(2), QWEN3_SPECIAL, 5, 6144, 16, 151669, [0, 1, 1, 1]),
 }
@@ -390,6 +455,9 @@ def target_shapes(c: dict) -> dict[str, tuple[int, ...]]:
         if c["model_type"] == "gpt_oss":
             shapes.update(gpt_oss_layer_shapes(c, f"model.layers.{i}."))
             continue
+        if c["model_type"] == "gemma4_text":
+            shapes.update(gemma4_layer_shapes(c, i))
+            continue
         layer = layer_shapes(c, f"model.layers.{i}.", c["model_type"] in ("qwen3", "qwen3_moe"))
         if c["model_type"] == "qwen3_moe":  # every layer sparse (decoder_sparse_step 1, no mlp_only_layers)
             layer = {k: v for k, v in layer.items() if ".mlp." not in k} | expert_shapes(c, f"model.layers.{i}.")
@@ -464,7 +532,7 @@ def write_tokenizer(out: Path, vocab_size: int, special: dict[str, int]) -> None
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     names = list(special)
-    eos = "<|im_end|>" if "<|im_end|>" in special else "<|eot_id|>"  # what the chat models stop on
+    eos = next(t for t in ("<|im_end|>", "<end_of_turn>", "<|eot_id|>") if t in special)  # what chat models stop on
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos, bos_token=names[0], pad_token=names[0])
     fast.add_special_tokens({"additional_special_tokens": names})
     fast.save_pretrained(str(out))
@@ -501,7 +569,7 @@ def make_pair(name: str, root: Path, seed: int = 0) -> tuple[Path, Path]:
         "vocab_size": target_cfg["vocab_size"],
         "max_position_embeddings": target_cfg["max_position_embeddings"],
         "rms_norm_eps": target_cfg["rms_norm_eps"],
-        "rope_theta": target_cfg.get("rope_theta") or target_cfg["rope_parameters"]["rope_theta"],
+        "rope_theta": target_cfg.get("rope_theta") or _rope_theta(target_cfg["rope_parameters"]),
         "attention_bias": False,
         "tie_word_embeddings": False,
         "block_size": block,
@@ -513,6 +581,11 @@ def make_pair(name: str, root: Path, seed: int = 0) -> tuple[Path, Path]:
     dbytes = write_sharded(draft_shapes(draft_cfg, len(ids)), draft, seed + 1)
     (root / "done").write_text(json.dumps({"target_bytes": tbytes, "draft_bytes": dbytes, "seconds": time.time() - t0}))
     return target, draft
+
+
+def _rope_theta(params: dict) -> float:
+    """The draft's RoPE base: the target's, or (a RoPE per layer kind: Gemma 4) its window layers'."""
+    return params.get("rope_theta") or params["sliding_attention"]["rope_theta"]
 
 
 def main() -> None:

@@ -98,7 +98,9 @@ def inodes(root: Path) -> dict[tuple[int, int], int]:
 
 
 def write_recipe(path: Path, name: str, target: Path, draft: Path) -> None:
-    family = PAIRS[name][0]["model_type"]
+    from dflash_cli.modeling.families import family_for
+
+    family = family_for(PAIRS[name][0]["model_type"]).model_type  # a text layout's type names its family
     path.write_text(
         f"# python benchmarks/scale_build.py {name}\n"
         f"name: scale-{name}\nfamily: {family}\n"

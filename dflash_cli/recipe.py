@@ -95,8 +95,8 @@ class OrtConfig(_Section):
 
 
 class QaicGraphConfig(_Section):
-    """One program's placement; null = the section's `num_cores` (split between the two programs when
-    they share a card) and `devices`."""
+    """One program's placement; null = the section's `num_cores` (split between the programs that share a
+    card) and `devices`."""
 
     num_cores: int | None = Field(default=None, gt=0)
     devices: list[int] | None = Field(default=None, min_length=1)
@@ -113,6 +113,7 @@ class QaicConfig(_Section):
     devices: list[int] = Field(default_factory=lambda: [0], min_length=1)
     target: QaicGraphConfig = QaicGraphConfig()
     draft: QaicGraphConfig = QaicGraphConfig()
+    vision: QaicGraphConfig = QaicGraphConfig()  # a vision-language target's tower (Qwen3-VL)
 
     @field_validator("devices")
     @classmethod

@@ -116,6 +116,21 @@ def test_vision_graph_validated_against_hf_tower_and_embedder(built) -> None:
     assert all(c["ok"] and c["max_diff"] < 1e-5 for c in vision)
 
 
+@pytest.mark.slow
+def test_readiness_covers_the_vision_graph(built) -> None:
+    """`dflash check`'s static checks take the tower too: static at its image specialization (280 tokens,
+    the processor's default cap), its ops listed against the allow-list, its fp16 hazards named."""
+    from dflash_cli.readiness import readiness_report
+
+    (engine, _), _ = built
+    report = readiness_report(engine.export_dir)
+    assert [g.graph for g in report.graphs] == ["target", "draft", "vision"]
+    vision = report.graphs[-1]
+    assert [(s.specialization, s.seq_len) for s in vision.shapes] == [("image", 280)]
+    assert not vision.shapes[0].non_static and vision.shapes[0].error is None
+    assert "MatMul" in vision.ops
+
+
 def test_prefill_calls_never_split_an_image() -> None:
     """The static graphs (what an accelerator runs) take a fixed call length: an image's tokens, which
     attend to each other, must fit one call; the prefix-cache graphs give it a call of its own."""

@@ -120,3 +120,20 @@ def test_bad_per_program_placement() -> None:
         QaicCompileOptions.from_mapping({"draft": {"devices": [1, 1]}})
     with pytest.raises(RecipeError, match="target.num_cores"):
         QaicCompileOptions.from_mapping({"target": {"num_cores": 0}})
+
+
+def test_a_vision_program_takes_its_share_of_the_card() -> None:
+    """A vision-language target's tower is a third program: by default target 8, draft 4, vision 4 of 16; its
+    own cores and card are settable, and three programs that do not fit one card are refused."""
+    from dflash_cli.errors import BackendError
+
+    default = QaicCompileOptions.from_mapping({})
+    assert default.placement(vision=True) == {"target": (8, (0,)), "draft": (4, (0,)), "vision": (4, (0,))}
+    assert default.placement() == {"target": (8, (0,)), "draft": (8, (0,))}  # no tower: the pair as before
+    default.check_fit(16, vision=True)
+    assert default.for_graph("vision", vision=True).num_cores == 4
+    own = QaicCompileOptions.from_mapping({"vision": {"num_cores": 2, "devices": [1]}, "draft": {"num_cores": 8}})
+    assert own.placement(vision=True)["vision"] == (2, (1,))
+    with pytest.raises(BackendError) as info:
+        QaicCompileOptions.from_mapping({"vision": {"num_cores": 8}}).check_fit(16, vision=True)
+    assert "(target 16 + draft 16 + vision 8)" in info.value.message and "compile.qaic.vision" in info.value.hint

@@ -330,3 +330,34 @@ def test_hf_text_lm_of_the_artifact_is_the_multimodal_models_text_path(built) ->
     ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
     with torch.no_grad():
         torch.testing.assert_close(ours(input_ids=ids).logits, hf(input_ids=ids).logits)
+
+
+@pytest.mark.slow
+def test_qaic_bundle_has_three_programs_that_fit_one_card(tmp_path) -> None:
+    """`dflash compile --backend qaic --emit-script`: the target, the draft and the vision tower, each with
+    its specializations (the tower at its image tokens), a compile script for all three, and a placement
+    (target 8, draft 4, vision 4 cores) that fits one 16-core card; the script runs against the fake compiler."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    from tests.engines import dflash_ok
+
+    pair = make_pair(tmp_path / "pair", "qwen3_vl")
+    recipe = str(pair.write_recipe(tmp_path / "recipe.yaml", export={"dtype": "fp16"}, compile={"backend": "qaic"}))
+    bundle = tmp_path / "bundle"
+    dflash_ok("compile", "-r", recipe, "--cache-dir", str(tmp_path / "cache"), "--emit-script", str(bundle))
+    for graph in ("target", "draft", "vision"):
+        assert (bundle / f"{graph}.onnx").is_file() and (bundle / graph / "specializations.json").is_file(), graph
+    specs = json.loads((bundle / "vision" / "specializations.json").read_text())["specializations"]
+    assert specs == [{"name": "Image", "symbols": {"seq_len": "256"}}]
+    assert not (bundle / "vision" / "custom_io.yaml").exists()  # no retained state
+    script = (bundle / "compile.sh").read_text()
+    assert script.count("-aic-num-cores=8") == 1 and script.count("-aic-num-cores=4") == 2
+    assert "done: target/qpc and draft/qpc and vision/qpc" in script
+    fake = Path(__file__).parent / "bin" / "fake-qaic-compile"
+    env = {**os.environ, "QAIC_COMPILE": str(fake), "FAKE_QAIC_RECORD": str(tmp_path / "record")}
+    env.pop("FAKE_QAIC_FAIL", None)
+    run = subprocess.run(["bash", str(bundle / "compile.sh")], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert all((bundle / g / "qpc" / "programqpc.bin").is_file() for g in ("target", "draft", "vision"))

@@ -80,7 +80,10 @@ class Engine:
         if "vision" in info["graphs"]:
             from dflash_cli.decoding.images import ImageReader
 
-            self.images = ImageReader(artifacts.inject / "target", artifacts.compile / info["graphs"]["vision"]["onnx"])
+            tower = artifacts.compile / info["graphs"]["vision"]["onnx"]
+            if not tower.is_file():  # QAIC: the runtime does not load the vision program; the host runs the tower
+                tower = artifacts.export / info["graphs"]["vision"]["onnx"]
+            self.images = ImageReader(artifacts.inject / "target", tower)
 
     @property
     def draft(self):
@@ -338,8 +341,9 @@ def _open(backend: str, compile_dir: Path, graph: str, recipe: Any, tables=None,
 
         options = QaicCompileOptions.from_mapping(recipe.compile.qaic.model_dump())
         hw = facts.get("hw_version") or recipe.compile.qaic.aic_hw_version or "ai100"
-        options.check_fit(cores_per_device(hw, find_sdk()))  # both programs run at once: they must fit
-        cores, devices = options.placement()[graph]
+        vision = "vision" in info["graphs"]  # compiled beside the pair: the cores were split three ways
+        options.check_fit(cores_per_device(hw, find_sdk()), vision)  # the programs run at once: they must fit
+        cores, devices = options.placement(vision)[graph]
         return open_qaic_session(compile_dir, graph, list(devices), num_cores=cores)
     if backend != "ort":
         raise BackendError(f"unknown backend {backend!r}", hint="compile.backend is ort or qaic")

@@ -40,6 +40,8 @@ class ImageReader:
             opts.log_severity_level = 3
             apply_thread_pool(opts)  # the engine's shared pool, where it has one
             self._session = ort.InferenceSession(str(self._vision_onnx), opts, providers=["CPUExecutionProvider"])
+        types = {i.name: i.type for i in self._session.get_inputs()}  # an fp16 export's tower (QAIC builds)
+        feeds = {n: v.astype(np.float16) if types.get(n) == "tensor(float16)" else v for n, v in feeds.items()}
         return tuple(out.astype(np.float32) for out in self._session.run(None, feeds))
 
     @property

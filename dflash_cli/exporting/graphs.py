@@ -106,6 +106,7 @@ def plan_jobs(src: Path, shape: PairShape, options: ExportOptions, reduced=None)
         from dflash_cli.exporting import vision_graph
 
         tower = vision_graph.build_vision(src, dtype=dtype)
+        _keep_rope_float32(tower)  # its rotary frequencies stay float32 in an fp16 export, as the language graphs'
         store, rename = WeightStore.open(src / "target"), vision_graph.store_name(src)
         sources = weight_initializers(tower, store, rename, dtype, None)
         sources["inv_freq"] = _constant(vision_graph.inv_freq(src))

@@ -70,14 +70,21 @@ def example_inputs(module, dtype: torch.dtype, m: int = 6) -> tuple:
     )
 
 
+# The image token counts an accelerator's vision program is specialized for (its one symbolic dim, named
+# seq_len like the language graphs'): Gemma 4's processor's default cap, and a 512x512 image for Qwen.
+IMAGE_TOKENS = {"gemma4": 280, "qwen": 256}
+
+
 def facts(module) -> dict[str, Any]:
     ins, outs = module.io_names()
+    gemma = hasattr(module, "window")
     extra = (
         {"window": module.window}
-        if hasattr(module, "window")
+        if gemma
         else {"merge_unit": module.merge_unit, "deepstack": len(module.deepstack_visual_indexes)}
     )
-    return {"onnx": f"{GRAPH}.onnx", "inputs": ins, "outputs": outs, **extra}
+    tokens = IMAGE_TOKENS["gemma4" if gemma else "qwen"]
+    return {"onnx": f"{GRAPH}.onnx", "inputs": ins, "outputs": outs, "seq_lens": {"image": tokens}, **extra}
 
 
 def inv_freq(src: Path) -> torch.Tensor:

@@ -22,10 +22,11 @@ from dflash_cli.qaic.command import CompilerTool, QaicCompileOptions, compiler_c
 from dflash_cli.qaic.sdk import CORES_PER_CARD, DEFAULT_ROOT, HwVersion
 from dflash_cli.qaic.specs import (
     EXPORT_FILE,
-    GRAPHS,
     PROGRAM_FILE,
     QPC_DIR,
+    has_retained_state,
     onnx_has_local_functions,
+    programs_of,
     read_export_json,
     write_graph_inputs,
 )
@@ -57,15 +58,16 @@ def emit_bundle(
         raise BackendError(f"{dest_dir} is not empty", hint="choose a new or empty directory for --emit-script")
     info = read_export_json(export_dir)
     hw = hw_version or options.aic_hw_version or "ai100"
-    options.check_fit(CORES_PER_CARD.get(hw))
+    vision = "vision" in programs_of(info)
+    options.check_fit(CORES_PER_CARD.get(hw), vision)
     dest_dir.mkdir(parents=True, exist_ok=True)
     shutil.copy2(export_dir / EXPORT_FILE, dest_dir / EXPORT_FILE)
 
     commands: dict[str, list[str]] = {}
-    for graph in GRAPHS:
+    for graph in programs_of(info):
         graph_info = info["graphs"][graph]
         onnx_name = graph_info["onnx"]
-        graph_options = options.for_graph(graph)
+        graph_options = options.for_graph(graph, vision)
         copy_onnx_with_data(export_dir / onnx_name, dest_dir / onnx_name)
         write_graph_inputs(
             graph_info,
@@ -85,11 +87,12 @@ def emit_bundle(
             graph_options,
             hw_version=hw,
             has_local_functions=onnx_has_local_functions(dest_dir / onnx_name),
+            retained_state=has_retained_state(graph_info),
         )
     script = dest_dir / SCRIPT_FILE
     script.write_text(render_script(commands), encoding="utf-8")
     script.chmod(0o755)
-    (dest_dir / README_FILE).write_text(render_readme(hw, options), encoding="utf-8")
+    (dest_dir / README_FILE).write_text(render_readme(hw, options, vision), encoding="utf-8")
     return dest_dir
 
 
@@ -164,11 +167,11 @@ def render_script(commands: dict[str, list[str]]) -> str:
             f"test -f {program} || {{ echo 'error: no {program}; see {graph}/{LOG_FILE}' >&2; exit 1; }}",
             "",
         ]
-    lines.append("echo 'done: target/qpc and draft/qpc'")
+    lines.append(f"echo 'done: {' and '.join(f'{g}/{QPC_DIR}' for g in commands)}'")
     return "\n".join(lines) + "\n"
 
 
-def render_readme(hw_version: str, options: QaicCompileOptions) -> str:
+def render_readme(hw_version: str, options: QaicCompileOptions, vision: bool = False) -> str:
     return f"""DFlash compile bundle for Qualcomm Cloud AI 100
 ================================================
 
@@ -184,12 +187,12 @@ Older SDKs without exec/qaic-compile:
 
     QAIC_COMPILE=/opt/qti-aic/exec/qaic-exec bash compile.sh
 
-Settings baked into the commands: hardware {hw_version}, {_placement_text(options)},
+Settings baked into the commands: hardware {hw_version}, {_placement_text(options, vision)},
 KV cache {options.kv_precision}, mxfp6 MatMul {options.mxfp6_matmul}.
 To change them, emit the bundle again with other recipe settings.
 
-Success is target/qpc/programqpc.bin and draft/qpc/programqpc.bin; each graph's compiler
-output is kept in <graph>/compile.log. A quick health check on a card:
+Success is <graph>/qpc/programqpc.bin for each graph ({", ".join(_graphs(vision))}); each graph's
+compiler output is kept in <graph>/compile.log.{_vision_text(vision)} A quick health check on a card:
 
     /opt/qti-aic/exec/qaic-runner -t target/qpc -n 10 -d 0
 
@@ -198,7 +201,19 @@ After compiling, this directory has the layout of a dflash compile artifact
 """
 
 
-def _placement_text(options: QaicCompileOptions) -> str:
-    return ", ".join(
-        f"{graph} {cores} cores on {len(devices)} device(s)" for graph, (cores, devices) in options.placement().items()
-    )
+def _graphs(vision: bool) -> tuple[str, ...]:
+    return ("target", "draft", "vision") if vision else ("target", "draft")
+
+
+def _vision_text(vision: bool) -> str:
+    if not vision:
+        return ""
+    return """ The vision program is the target's vision tower, one image
+per call, specialized for a fixed number of image tokens (specializations.json); all three
+programs are loaded on the card at once. dflash's own runtime runs the tower on the host CPU
+(ONNX Runtime) and does not load the vision program yet."""
+
+
+def _placement_text(options: QaicCompileOptions, vision: bool = False) -> str:
+    placement = options.placement(vision).items()
+    return ", ".join(f"{graph} {cores} cores on {len(devices)} device(s)" for graph, (cores, devices) in placement)

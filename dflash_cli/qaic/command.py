@@ -23,6 +23,7 @@ from dflash_cli.qaic.specs import (
 )
 
 HW_VERSIONS: tuple[str, ...] = get_args(HwVersion)
+PROGRAMS = ("target", "draft", "vision")  # the vision program: a vision-language target's tower
 SPEC_FORMATS: tuple[str, ...] = get_args(SpecFormat)
 
 
@@ -39,15 +40,18 @@ class QaicCompileOptions:
     aic_hw_version: HwVersion | None = None  # None: detect with qaic-util, ai100 if no card
     devices: tuple[int, ...] = (0,)  # QIDs to run on; >1 compiles a multi-device partition
     specialization_format: SpecFormat = "named"  # "legacy" for SDKs that want a flat list
-    # Per-program placement (recipe compile.qaic.target / .draft); None = from num_cores / devices.
+    # Per-program placement (recipe compile.qaic.target / .draft / .vision); None = from num_cores / devices.
     target_num_cores: int | None = None
     draft_num_cores: int | None = None
     target_devices: tuple[int, ...] | None = None
     draft_devices: tuple[int, ...] | None = None
+    # A vision-language target's tower, a third program (vision.onnx); placed only where the export has one.
+    vision_num_cores: int | None = None
+    vision_devices: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         # Accept a list from YAML but keep the object hashable and frozen.
-        for name in ("devices", "target_devices", "draft_devices"):
+        for name in ("devices", *(f"{g}_devices" for g in PROGRAMS)):
             if isinstance(getattr(self, name), list):
                 object.__setattr__(self, name, tuple(getattr(self, name)))
         problems = self.problems()
@@ -73,7 +77,7 @@ class QaicCompileOptions:
             out.append(f"devices must be distinct non-negative integers, not {list(self.devices)!r}")
         if self.specialization_format not in SPEC_FORMATS:
             out.append(f"specialization_format must be one of {', '.join(SPEC_FORMATS)}")
-        for graph in ("target", "draft"):
+        for graph in PROGRAMS:
             cores, devices = getattr(self, f"{graph}_num_cores"), getattr(self, f"{graph}_devices")
             if cores is not None and not _int_at_least(cores, 1):
                 out.append(f"{graph}.num_cores must be a positive integer or null, not {cores!r}")
@@ -83,39 +87,37 @@ class QaicCompileOptions:
                 out.append(f"{graph}.devices must be distinct non-negative integers or null, not {devices!r}")
         return out
 
-    def placement(self) -> dict[str, tuple[int, tuple[int, ...]]]:
-        """graph -> (cores, devices). Two programs sharing a card split `num_cores` (8 + 8 of 16) unless
-        either sets its own; a program alone on its cards gets all `num_cores`."""
-        t_dev = self.target_devices or self.devices
-        d_dev = self.draft_devices or self.devices
-        own = self.target_num_cores is not None or self.draft_num_cores is not None
-        if not own and set(t_dev) & set(d_dev) and self.num_cores >= 2:
-            t_cores, d_cores = (self.num_cores + 1) // 2, self.num_cores // 2
+    def placement(self, vision: bool = False) -> dict[str, tuple[int, tuple[int, ...]]]:
+        """graph -> (cores, devices). Programs sharing a card split `num_cores` unless one sets its own: the
+        pair 8 + 8 of 16; with a vision program (`vision`) target 8, draft 4, vision 4. A program alone on
+        its cards gets all `num_cores`."""
+        graphs = PROGRAMS if vision else PROGRAMS[:2]
+        devs = {g: tuple(getattr(self, f"{g}_devices") or self.devices) for g in graphs}
+        own = any(getattr(self, f"{g}_num_cores") is not None for g in graphs)
+        shared = len(set.intersection(*(set(d) for d in devs.values()))) > 0
+        if not own and shared and self.num_cores >= len(graphs):
+            half = (self.num_cores + 1) // 2
+            split = {"target": half, "draft": self.num_cores - half}
+            if vision:  # the draft and the tower share the second half
+                split = {"target": half, "draft": (self.num_cores - half + 1) // 2}
+                split["vision"] = self.num_cores - half - split["draft"]
         else:
-            t_cores = self.target_num_cores or self.num_cores
-            d_cores = self.draft_num_cores or self.num_cores
-        return {"target": (t_cores, tuple(t_dev)), "draft": (d_cores, tuple(d_dev))}
+            split = {g: getattr(self, f"{g}_num_cores") or self.num_cores for g in graphs}
+        return {g: (split[g], devs[g]) for g in graphs}
 
-    def for_graph(self, graph: str) -> QaicCompileOptions:
+    def for_graph(self, graph: str, vision: bool = False) -> QaicCompileOptions:
         """The options one program is compiled and opened with: its own cores and devices."""
-        cores, devices = self.placement()[graph]
-        return replace(
-            self,
-            num_cores=cores,
-            devices=devices,
-            target_num_cores=None,
-            draft_num_cores=None,
-            target_devices=None,
-            draft_devices=None,
-        )
+        cores, devices = self.placement(vision)[graph]
+        own = {f"{g}_{k}": None for g in PROGRAMS for k in ("num_cores", "devices")}
+        return replace(self, num_cores=cores, devices=devices, **own)
 
-    def check_fit(self, cores_per_device: Mapping[int, int] | int | None) -> None:
-        """Refuse placements that ask one card for more cores than it has (both programs are active at
+    def check_fit(self, cores_per_device: Mapping[int, int] | int | None, vision: bool = False) -> None:
+        """Refuse placements that ask one card for more cores than it has (every program is loaded at
         once). `cores_per_device`: a card's cores, or per QID (from qaic-util); None = unknown, no check."""
         if cores_per_device is None:
             return
         users: dict[int, list[tuple[str, int]]] = {}
-        for graph, (cores, devices) in self.placement().items():
+        for graph, (cores, devices) in self.placement(vision).items():
             for dev in devices:
                 users.setdefault(dev, []).append((graph, cores))
         for dev, on_it in sorted(users.items()):
@@ -125,15 +127,15 @@ class QaicCompileOptions:
                 asked = " + ".join(f"{g} {c}" for g, c in on_it)
                 raise BackendError(
                     f"device {dev} has {have} cores but the programs placed on it ask for {need} ({asked})",
-                    hint=f"set compile.qaic.target.num_cores and compile.qaic.draft.num_cores to sum to at most "
-                    f"{have}, or give the draft its own card with compile.qaic.draft.devices",
+                    hint=f"set {' and '.join(f'compile.qaic.{g}.num_cores' for g, _ in on_it)} to sum to at "
+                    f"most {have}, or give the {on_it[-1][0]} its own card with compile.qaic.{on_it[-1][0]}.devices",
                 )
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any] | None) -> QaicCompileOptions:
         """Build from a recipe mapping; unknown keys are an error, never silently dropped."""
         data = dict(data or {})
-        for graph in ("target", "draft"):  # the recipe's nested per-program sections, flattened
+        for graph in PROGRAMS:  # the recipe's nested per-program sections, flattened
             section = data.pop(graph, None) or {}
             for key in ("num_cores", "devices"):
                 if section.get(key) is not None:
@@ -158,7 +160,7 @@ class QaicCompileOptions:
     def key_fields(self) -> dict[str, Any]:
         """What the compiled program depends on: the QIDs do not (only their count does)."""
         out = asdict(self)
-        for name in ("devices", "target_devices", "draft_devices"):
+        for name in ("devices", *(f"{g}_devices" for g in PROGRAMS)):
             del out[name]
         out["num_devices"] = self.num_devices
         # Which cores each program gets, and on how many cards, decide what is compiled.
@@ -193,6 +195,7 @@ def compiler_command(
     *,
     hw_version: HwVersion,
     has_local_functions: bool,
+    retained_state: bool = True,
 ) -> list[str]:
     """argv for one graph, in the order of the SDK documentation (REFERENCE section 6).
 
@@ -205,7 +208,7 @@ def compiler_command(
         f"-m={onnx_path}",
         "-aic-hw",
         f"-aic-hw-version={hw_version}",
-        "-retained-state",
+        *(["-retained-state"] if retained_state else []),  # the vision program keeps no state
         "-convert-to-fp16",
     ]
     if options.mxfp6_matmul:
@@ -217,11 +220,10 @@ def compiler_command(
         cmd.append(f"-ols={options.ols}")
     if options.aic_enable_depth_first:
         cmd.append("-aic-enable-depth-first")
-    cmd += [
-        f"-network-specialization-config={work / SPECIALIZATIONS_FILE}",
-        f"-custom-IO-list-file={work / CUSTOM_IO_FILE}",
-        f"-aic-binary-dir={work / QPC_DIR}",
-    ]
+    cmd.append(f"-network-specialization-config={work / SPECIALIZATIONS_FILE}")
+    if retained_state:
+        cmd.append(f"-custom-IO-list-file={work / CUSTOM_IO_FILE}")
+    cmd.append(f"-aic-binary-dir={work / QPC_DIR}")
     if options.num_devices > 1:
         cmd.append(f"-mdp-load-partition-config={work / PARTITION_FILE}")
     if has_local_functions:

@@ -22,11 +22,12 @@ from dflash_cli.errors import BackendError
 from dflash_cli.qaic.command import CompilerTool, QaicCompileOptions, compiler_command
 from dflash_cli.qaic.sdk import CORES_PER_CARD, HwVersion, QaicSdk, detect_hw_version, query_devices, require_sdk
 from dflash_cli.qaic.specs import (
-    GRAPHS,
     PROGRAM_FILE,
     QPC_DIR,
     SPECIALIZATIONS_FILE,
+    has_retained_state,
     onnx_has_local_functions,
+    programs_of,
     read_export_json,
     write_graph_inputs,
 )
@@ -98,12 +99,13 @@ def compile_graphs(
         "options": options.key_fields(),
         "graphs": {},
     }
-    options.check_fit(cores_per_device(hw_version, sdk))  # before minutes of compiling, not at first run
-    for graph in GRAPHS:
+    vision = "vision" in programs_of(info)
+    options.check_fit(cores_per_device(hw_version, sdk), vision)  # before minutes of compiling, not at first run
+    for graph in programs_of(info):
         graph_info = info["graphs"][graph]
         onnx_path = export_dir / graph_info["onnx"]
         work = out_dir / graph
-        graph_options = options.for_graph(graph)
+        graph_options = options.for_graph(graph, vision)
         write_graph_inputs(
             graph_info,
             onnx_path,
@@ -121,6 +123,7 @@ def compile_graphs(
             graph_options,
             hw_version=hw_version,
             has_local_functions=onnx_has_local_functions(onnx_path),
+            retained_state=has_retained_state(graph_info),
         )
         progress(f"compiling {graph} graph with {sdk.compiler_kind} ({hw_version}, {graph_options.num_cores} cores)")
         started = time.monotonic()

@@ -18,6 +18,13 @@ from dflash_cli.errors import BackendError, CacheError
 
 EXPORT_FILE = "export.json"
 GRAPHS = ("target", "draft")
+
+
+def programs_of(info: Mapping[str, Any]) -> tuple[str, ...]:
+    """The programs an export compiles to: the pair, and a vision-language target's tower."""
+    return (*GRAPHS, *(("vision",) if "vision" in info.get("graphs", {}) else ()))
+
+
 SPECIALIZATIONS_FILE = "specializations.json"
 CUSTOM_IO_FILE = "custom_io.yaml"
 PARTITION_FILE = "mdp_partition.json"
@@ -123,6 +130,10 @@ def kv_io_names(graph_info: Mapping[str, Any]) -> list[str]:
     return inputs + outputs
 
 
+def has_retained_state(graph_info: Mapping[str, Any]) -> bool:
+    return bool(kv_io_names(graph_info))
+
+
 def custom_io_yaml(graph_info: Mapping[str, Any], kv_precision: KvPrecision) -> str:
     """custom_io.yaml: the retained buffers' device precision (fp32 is not allowed for the KV cache).
 
@@ -173,12 +184,11 @@ def write_graph_inputs(
     """Write the compiler's side files for one graph into `dest`; returns name -> path."""
     dest.mkdir(parents=True, exist_ok=True)
     spec = specializations(graph_info, onnx_dim_params(onnx_path), ctx_len=ctx_len, fmt=fmt)
-    files = {
-        "specializations": dest / SPECIALIZATIONS_FILE,
-        "custom_io": dest / CUSTOM_IO_FILE,
-    }
+    files = {"specializations": dest / SPECIALIZATIONS_FILE}
     files["specializations"].write_text(json.dumps(spec, indent=2) + "\n", encoding="utf-8")
-    files["custom_io"].write_text(custom_io_yaml(graph_info, kv_precision), encoding="utf-8")
+    if has_retained_state(graph_info):  # the vision program keeps nothing between calls
+        files["custom_io"] = dest / CUSTOM_IO_FILE
+        files["custom_io"].write_text(custom_io_yaml(graph_info, kv_precision), encoding="utf-8")
     if num_devices > 1:
         files["partition"] = dest / PARTITION_FILE
         partition = partition_config(num_devices, num_cores)

@@ -1,7 +1,7 @@
 """QAIC readiness: what can be checked about the exported graphs without the SDK or a card.
 
   check_graph(onnx_path, {"prefill": 128, "verify": 16}) -> GraphReadiness
-  readiness_report(export_dir) -> Report      (both graphs, specializations from export.json)
+  readiness_report(export_dir) -> Report      (every graph, specializations from export.json)
 
 (a) static shapes per specialization (static_shapes), (b) ops against an allowlist (ops),
 (c) fp16 hazards named from graph patterns (fp16_lint), (d) fp16 emulation helpers for the
@@ -49,11 +49,13 @@ def check_graph(
 
 
 def readiness_report(export_dir: Path, *, ops_file: Path | None = None) -> Report:
-    """Both graphs of an export artifact, each at the seq_lens export.json lists for it."""
+    """The graphs of an export artifact (target, draft, and a vision-language target's tower), each at the
+    seq_lens export.json lists for it."""
     from dflash_cli.qaic.specs import GRAPHS, read_export_json
 
     export_dir = Path(export_dir)
     info = read_export_json(export_dir)
+    names = [*GRAPHS, *(["vision"] if "seq_lens" in info["graphs"].get("vision", {}) else [])]
     graphs = [
         check_graph(
             export_dir / info["graphs"][g]["onnx"],
@@ -61,6 +63,6 @@ def readiness_report(export_dir: Path, *, ops_file: Path | None = None) -> Repor
             graph_name=g,
             ops_file=ops_file,
         )
-        for g in GRAPHS
+        for g in names
     ]
     return Report(graphs=graphs)

@@ -208,9 +208,9 @@ def _check_layer_kinds(path: Path, cfg: dict[str, Any], role: str) -> None:
 
 
 def takes_images(recipe: Any) -> bool:
-    """Whether the build keeps a multimodal checkpoint's vision path: not for QAIC, whose bundle has no vision
-    program yet (it refuses Qwen3-VL and Gemma 4 targets; Qwen3.5 builds its text path)."""
-    return getattr(getattr(recipe, "compile", None), "backend", "ort") != "qaic"
+    """Whether the build keeps a multimodal checkpoint's vision path: on QAIC only for Qwen3-VL (its bundle's
+    third program); a QAIC build of Qwen3.5 keeps its text path (Gemma 4 is refused there)."""
+    return getattr(getattr(recipe, "compile", None), "backend", "ort") != "qaic" or recipe.family == "qwen3_vl"
 
 
 def _is_gemma4(cfg: dict[str, Any]) -> bool:
