@@ -42,13 +42,17 @@ class ReducedPlan:
 
     @classmethod
     def of(cls, src: Path, pair: dict) -> ReducedPlan:
+        from dflash_cli.modeling.families import family_for
         from dflash_cli.modeling.loading import draft_config, target_config
 
         cfg = target_config(src)
         depth = cfg.num_hidden_layers
         # A hybrid target's first layers may all be linear attention: keep its first full-attention layer too.
+        # (Gemma 4's first global layer is its sixth, each as wide as a 1B model: its reduced model keeps the
+        # first three, window layers; the tiny pairs' tests check the global layers against Hugging Face.)
         kinds = list(getattr(cfg, "layer_types", None) or [])
-        first_full = kinds.index("full_attention") if "full_attention" in kinds else 0
+        hybrid = family_for(cfg.model_type).hybrid
+        first_full = kinds.index("full_attention") if hybrid and "full_attention" in kinds else 0
         layers = min(depth, max(LAYERS, first_full + 1))
         # A tap of the last layer reads the final norm's output, any other a layer's own output: the
         # reduced model keeps that distinction (its last layer for the former, the ones before for the rest).
@@ -69,6 +73,28 @@ class ReducedPlan:
         if num_experts(target):  # experts are most of a MoE layer's bytes
             target.num_experts = min(num_experts(target), max(EXPERTS, target.num_experts_per_tok))
         return target, draft_config(src, num_hidden_layers=self.draft_layers)
+
+    def fp32_bytes(self, src: Path) -> int:
+        """float32 bytes of the reduced model's tensors (its layers, cut vocabulary, fc), target and draft."""
+        import re
+
+        from dflash_cli.weights import WeightStore
+
+        total = 0
+        for role, prefix, depth in (("target", "model.layers.", self.layers), ("draft", "layers.", self.draft_layers)):
+            store = WeightStore.open(src / role)
+            for name in store.names():
+                shape = list(store.shape(name))
+                m = re.match(re.escape(prefix) + r"(\d+)\.", name)
+                if m and int(m.group(1)) >= depth:
+                    continue
+                if shape and ("embed_tokens" in name or name.startswith("lm_head")):
+                    shape[0] = min(shape[0], self.rows)
+                n = 4
+                for d in shape:
+                    n *= d
+                total += n
+        return total
 
     def describe(self) -> str:
         return (

@@ -83,7 +83,13 @@ class ExportStage:
         if options.validation == "reduced":
             from dflash_cli.exporting.reduced import ReducedGraphs, ReducedPlan
 
-            reduced = ReducedGraphs(src, out, ReducedPlan.of(src, pair), options)
+            plan = ReducedPlan.of(src, pair)
+            too_big = _validation_does_not_fit(plan.fp32_bytes(src))
+            if too_big:  # the kernel would kill the build without a word; say why and go on unvalidated
+                ctx.progress(f"validation skipped: {too_big} (the compile stage still checks its graphs)")
+                options = ExportOptions.of(e, "off", lean)
+            else:
+                reduced = ReducedGraphs(src, out, plan, options)
         if e.exporter == "dynamo":
             import torch
 
@@ -160,6 +166,19 @@ def _checkpoint_bytes(target_dir: Path) -> int:
     return sum(
         (target_dir / f).stat().st_size for f in WeightStore.open(target_dir).files() if f != "dflash.safetensors"
     )
+
+
+# The reduced model's checks hold its weights twice (PyTorch's module, ONNX Runtime's session), plus working room.
+VALIDATION_COPIES, VALIDATION_ROOM = 2, 1 << 30
+
+
+def _validation_does_not_fit(fp32_bytes: int) -> str | None:
+    from dflash_cli.readiness.memory import HEADROOM, available_bytes
+
+    need, free = VALIDATION_COPIES * fp32_bytes + VALIDATION_ROOM, available_bytes()
+    if free is None or need <= HEADROOM * free:
+        return None
+    return f"the reduced model's checks need ~{need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB is available"
 
 
 def _fp32_bytes(src: Path) -> int:
