@@ -1,4 +1,5 @@
-"""This process's memory between build stages: its peak so far, and handing freed memory back to the OS."""
+"""This process's memory between build stages: its peak so far, handing freed memory back to the OS, and
+what the machine has available."""
 
 from __future__ import annotations
 
@@ -20,3 +21,15 @@ def release_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: nothing to trim
         pass
+
+
+def available_bytes() -> int | None:
+    """The kernel's MemAvailable, or None where /proc/meminfo cannot tell."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from dflash_cli.process_memory import available_bytes
+
 HEADROOM = 0.9  # of MemAvailable: sessions also allocate arenas and activations
 
 
@@ -23,17 +25,6 @@ def emulation_bytes(export_dir: Path) -> int:
     return sum(
         graph_weight_bytes(Path(export_dir) / info["graphs"][g]["onnx"]) * (1 + widen) for g in ("target", "draft")
     )
-
-
-def available_bytes() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def emulation_does_not_fit(export_dir: Path) -> str | None:
