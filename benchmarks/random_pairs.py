@@ -477,8 +477,12 @@ def draft_shapes(c: dict, n_features: int) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def write_sharded(shapes: dict[str, tuple[int, ...]], out: Path, seed: int) -> int:
-    """Random bf16 tensors (norm weights 1) in ~2 GB shards plus the Hugging Face shard index."""
+def write_sharded(shapes: dict[str, tuple[int, ...]], out: Path, seed: int, unit_scale_attention: bool = False) -> int:
+    """Random bf16 tensors (norm weights 1) in ~2 GB shards plus the Hugging Face shard index.
+
+    `unit_scale_attention` (Gemma 4: q and k RMS-normalised, scores not divided by sqrt(d)): q_norm / k_norm
+    weights d^-1/4, so random scores have unit spread as in a trained model; with weights 1 they would spread
+    by sqrt(d) = 16-23 and every softmax would be a near one-hot that any rounding flips."""
     from safetensors.torch import save_file
 
     gen = torch.Generator().manual_seed(seed)
@@ -505,6 +509,8 @@ def write_sharded(shapes: dict[str, tuple[int, ...]], out: Path, seed: int) -> i
                 shard[name] = torch.full(shape, 120, dtype=torch.uint8)
             elif name.endswith(("A_log", "dt_bias")):  # trained values sit near these
                 shard[name] = torch.full(shape, 0.5 if name.endswith("A_log") else 1.0, dtype=torch.bfloat16)
+            elif unit_scale_attention and name.endswith(("self_attn.q_norm.weight", "self_attn.k_norm.weight")):
+                shard[name] = torch.full(shape, shape[0] ** -0.25, dtype=torch.bfloat16)
             elif len(shape) == 1:
                 shard[name] = torch.ones(shape, dtype=torch.bfloat16)
             else:
@@ -556,7 +562,7 @@ def make_pair(name: str, root: Path, seed: int = 0) -> tuple[Path, Path]:
     write_tokenizer(target, target_cfg["vocab_size"], special)
     if top_cfg.get("model_type") == "qwen3_vl":
         (target / "preprocessor_config.json").write_text(json.dumps(QWEN3_VL_PREPROCESSOR, indent=2))
-    tbytes = write_sharded(target_shapes(top_cfg), target, seed)
+    tbytes = write_sharded(target_shapes(top_cfg), target, seed, top_cfg.get("model_type") == "gemma4_text")
     draft_cfg = {
         "architectures": ["DFlashDraftModel"],
         "model_type": "qwen3",

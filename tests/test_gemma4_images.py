@@ -13,6 +13,7 @@ import torch
 
 from tests.engines import prefix_and_static
 from tests.fixtures.tiny_pairs import make_pair
+from tests.vision_prompts import agrees, assert_image_sampling_same_seed
 
 NEW_TOKENS = 12
 MODES = ("plain", "dflash", "lookup", "hybrid")
@@ -70,11 +71,6 @@ def _hf_generate(hf, ids, batch, new_tokens: int, bidirectional: bool = True) ->
     return out[0, len(ids) :].tolist()
 
 
-def _agrees(engine, got: list[int], want: list[int], new_tokens: int) -> bool:
-    """Our tokens are Hugging Face's (which runs on past an end-of-sequence token) up to where ours stopped."""
-    return got == want[: len(got)] and (len(got) == new_tokens or got[-1] in engine.eos_token_ids)
-
-
 @pytest.mark.slow
 def test_image_prompts_in_every_mode_equal_hf_generate(built) -> None:
     """20 prompts with one or two images: every mode, both graph forms == Hugging Face's generate. The images'
@@ -89,22 +85,16 @@ def test_image_prompts_in_every_mode_equal_hf_generate(built) -> None:
             images = engine.images.prompt(ids, batch["pixel_values"], batch["image_position_ids"])
             for mode in MODES:
                 got = engine.generate(ids, mode=mode, max_new_tokens=NEW_TOKENS, images=images).tokens
-                assert _agrees(engine, got, want, NEW_TOKENS), f"{form} {mode}, {len(ids)} tokens"
+                assert agrees(engine, got, want, NEW_TOKENS), f"{form} {mode}, {len(ids)} tokens"
     assert causal_differs > 0
 
 
 @pytest.mark.slow
 def test_image_sampling_same_seed_equals_plain(built) -> None:
     (engine, _), hf = built
-    for seed, (ids, batch) in enumerate(_image_prompts(engine, hf, 4, seed=5)):
-        images = engine.images.prompt(ids, batch["pixel_values"], batch["image_position_ids"])
-        runs = {
-            m: engine.generate(
-                ids, mode=m, max_new_tokens=12, temperature=0.8, top_p=0.95, seed=seed, images=images
-            ).tokens
-            for m in MODES
-        }
-        assert all(r == runs["plain"] for r in runs.values()), f"seed {seed}"
+    prompts = _image_prompts(engine, hf, 4, seed=5)
+    cases = [(i, engine.images.prompt(i, b["pixel_values"], b["image_position_ids"])) for i, b in prompts]
+    assert_image_sampling_same_seed(engine, cases, MODES)
 
 
 @pytest.mark.slow
@@ -169,7 +159,7 @@ def test_run_with_images_on_the_command_line_equals_hf_generate(built, tmp_path)
             "run", *common, *images, "--prompt", "what is here?", "--json", "--mode", mode, "--max-new-tokens", "12"
         )
         doc = json.loads(out.stdout)
-        assert doc["prompt_tokens"] == len(ids) and _agrees(engine, doc["token_ids"], want, NEW_TOKENS), mode
+        assert doc["prompt_tokens"] == len(ids) and agrees(engine, doc["token_ids"], want, NEW_TOKENS), mode
 
 
 @pytest.mark.slow

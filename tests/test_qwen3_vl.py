@@ -14,6 +14,7 @@ import torch
 
 from tests.engines import assert_every_mode_equals_hf, assert_sampling_same_seed, mixed_prompts, prefix_and_static
 from tests.fixtures.tiny_pairs import make_pair
+from tests.vision_prompts import agrees, assert_image_sampling_same_seed, qwen_hf_generate, qwen_image_prompts
 
 NEW_TOKENS = 20
 MODES = ("plain", "dflash", "lookup", "hybrid")
@@ -64,43 +65,8 @@ def test_export_validated_against_the_text_model(built) -> None:
     assert facts["graphs"]["target"]["num_layers"] == 4
 
 
-def _image_prompts(hf, n: int) -> list[tuple[list[int], np.ndarray, tuple]]:
-    """(ids, pixel rows, grids): 1 or 2 images of random pixels and grids, text before, between and after,
-    each image's tokens expanded as the processor does (start, one token per merged 2x2 patch, end)."""
-    c = hf.config
-    rng = np.random.default_rng(11)
-    width = 3 * 2 * 8 * 8  # channels x temporal patch x 8 x 8 pixels
-    text_top = min(c.image_token_id, c.video_token_id, c.vision_start_token_id, c.vision_end_token_id)
-    out = []
-    for i in range(n):
-        grids = tuple((1, 2 * int(rng.integers(1, 4)), 2 * int(rng.integers(1, 4))) for _ in range(1 + i % 2))
-        ids = list(map(int, rng.integers(2, text_top, int(rng.integers(1, 6)))))
-        for g in grids:
-            ids += [c.vision_start_token_id] + [c.image_token_id] * (int(np.prod(g)) // 4) + [c.vision_end_token_id]
-            ids += list(map(int, rng.integers(2, text_top, int(rng.integers(0, 9)))))
-        pixels = rng.standard_normal((sum(int(np.prod(g)) for g in grids), width)).astype(np.float32)
-        out.append((ids, pixels, grids))
-    return out
-
-
-def _agrees(engine, got: list[int], want: list[int], new_tokens: int) -> bool:
-    """Our tokens are Hugging Face's (which runs on past an end-of-sequence token) up to where ours stopped."""
-    return got == want[: len(got)] and (len(got) == new_tokens or got[-1] in engine.eos_token_ids)
-
-
-def _hf_image_generate(hf, ids, pixels, grids, new_tokens: int) -> list[int]:
-    with torch.no_grad():
-        out = hf.generate(
-            torch.tensor([ids]),
-            pixel_values=torch.from_numpy(pixels),
-            image_grid_thw=torch.tensor(grids),
-            mm_token_type_ids=(torch.tensor([ids]) == hf.config.image_token_id).int(),
-            max_new_tokens=new_tokens,
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=0,
-        )
-    return out[0, len(ids) :].tolist()
+def _image_prompts(hf, n: int):
+    return qwen_image_prompts(hf, n)
 
 
 @pytest.mark.slow
@@ -109,26 +75,19 @@ def test_image_prompts_in_every_mode_equal_hf_generate(built) -> None:
     engines, hf = built
     forms = dict(zip(("prefix", "static"), engines))
     for ids, pixels, grids in _image_prompts(hf, 24):
-        want = _hf_image_generate(hf, ids, pixels, grids, NEW_TOKENS)
+        want = qwen_hf_generate(hf, ids, pixels, grids, NEW_TOKENS)
         for form, engine in forms.items():
             images = engine.images.prompt(ids, pixels, np.array(grids))
             for mode in MODES:
                 got = engine.generate(ids, mode=mode, max_new_tokens=NEW_TOKENS, images=images).tokens
-                assert _agrees(engine, got, want, NEW_TOKENS), f"{form} {mode}, {len(grids)} image(s), grids {grids}"
+                assert agrees(engine, got, want, NEW_TOKENS), f"{form} {mode}, {len(grids)} image(s), grids {grids}"
 
 
 @pytest.mark.slow
 def test_image_sampling_same_seed_equals_plain(built) -> None:
     (engine, _), hf = built
-    for seed, (ids, pixels, grids) in enumerate(_image_prompts(hf, 6)):
-        images = engine.images.prompt(ids, pixels, np.array(grids))
-        runs = {
-            m: engine.generate(
-                ids, mode=m, max_new_tokens=16, temperature=0.8, top_p=0.95, seed=seed, images=images
-            ).tokens
-            for m in MODES
-        }
-        assert all(r == runs["plain"] for r in runs.values()), f"seed {seed}"
+    cases = [(ids, engine.images.prompt(ids, pixels, np.array(g))) for ids, pixels, g in _image_prompts(hf, 6)]
+    assert_image_sampling_same_seed(engine, cases, MODES)
 
 
 @pytest.mark.slow
@@ -173,7 +132,7 @@ def test_run_with_images_on_the_command_line_equals_hf_generate(built, tmp_path)
     ids, _ = engine.encode_with_images("what is here?", paths)
     batch = engine.images.image_processor(images=[Image.open(p).convert("RGB") for p in paths], return_tensors="np")
     grids = tuple(map(tuple, batch["image_grid_thw"].tolist()))
-    want = _hf_image_generate(hf, ids, batch["pixel_values"].astype(np.float32), grids, 12)
+    want = qwen_hf_generate(hf, ids, batch["pixel_values"].astype(np.float32), grids, 12)
     cache = engine.compile_dir.parents[2]  # <build>/cache/artifacts/compile/<key>, beside <build>/recipe.yaml
     common = ["-r", str(cache.parent / "recipe.yaml"), "--cache-dir", str(cache)]
     images = [a for p in paths for a in ("--image", str(p))]
@@ -182,7 +141,7 @@ def test_run_with_images_on_the_command_line_equals_hf_generate(built, tmp_path)
             "run", *common, *images, "--prompt", "what is here?", "--json", "--mode", mode, "--max-new-tokens", "12"
         )
         doc = json.loads(out.stdout)
-        assert doc["prompt_tokens"] == len(ids) and _agrees(engine, doc["token_ids"], want, 12), mode
+        assert doc["prompt_tokens"] == len(ids) and agrees(engine, doc["token_ids"], want, 12), mode
     (tmp_path / "bad.png").write_bytes(b"not an image")
     for bad, words in ((tmp_path / "missing.png", "image not found"), (tmp_path / "bad.png", "cannot read image")):
         result = CliRunner().invoke(create_app(), ["run", *common, "--image", str(bad), "--prompt", "x"])
