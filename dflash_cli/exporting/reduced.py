@@ -68,6 +68,8 @@ class ReducedPlan:
         from dflash_cli.modeling.moe import num_experts
 
         target = target_config(src, num_hidden_layers=self.layers, vocab_size=self.rows)
+        if getattr(target, "layer_types", None):  # the kinds of the layers kept (Hugging Face checks them)
+            target.layer_types = list(target.layer_types)[: self.layers]
         if (getattr(target, "pad_token_id", None) or 0) >= self.rows:  # gpt-oss pads with a token past the cut
             target.pad_token_id = None
         if num_experts(target):  # experts are most of a MoE layer's bytes
@@ -75,14 +77,15 @@ class ReducedPlan:
         return target, draft_config(src, num_hidden_layers=self.draft_layers)
 
     def fp32_bytes(self, src: Path) -> int:
-        """float32 bytes of the reduced model's tensors (its layers, cut vocabulary, fc), target and draft."""
+        """float32 bytes of the larger of the reduced target's and draft's tensors (layers, cut vocabulary, fc):
+        validation checks one graph at a time."""
         import re
 
         from dflash_cli.weights import WeightStore
 
-        total = 0
+        largest = 0
         for role, prefix, depth in (("target", "model.layers.", self.layers), ("draft", "layers.", self.draft_layers)):
-            store = WeightStore.open(src / role)
+            store, total = WeightStore.open(src / role), 0
             for name in store.names():
                 shape = list(store.shape(name))
                 m = re.match(re.escape(prefix) + r"(\d+)\.", name)
@@ -94,7 +97,8 @@ class ReducedPlan:
                 for d in shape:
                     n *= d
                 total += n
-        return total
+            largest = max(largest, total)
+        return largest
 
     def describe(self) -> str:
         return (

@@ -32,6 +32,7 @@ from dflash_cli.modeling.target import StaticCacheTarget
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 VISION_INPUTS = ("vision_embeds", "vision_mask")
+ROTARIES = {"rotary": SLIDING, "rotary_full": FULL}  # attribute -> the layer kind it serves
 
 
 def unsupported(cfg: dict[str, Any]) -> str | None:
@@ -170,11 +171,12 @@ class Gemma4Target(StaticCacheTarget):
             hf = Gemma4TextRotaryEmbedding(hf_config)
         return {
             name: Rotary(inv_freq=getattr(hf, f"{kind}_inv_freq"), scaling=getattr(hf, f"{kind}_attention_scaling"))
-            for name, kind in (("rotary", SLIDING), ("rotary_full", FULL))
+            for name, kind in ROTARIES.items()
+            if any(g.kind == kind for g in self.geometry)  # a reduced model may have window layers only
         }
 
     def rope(self, position_ids, *extra):
-        return {SLIDING: self.rotary(position_ids), FULL: self.rotary_full(position_ids)}
+        return {kind: getattr(self, name)(position_ids) for name, kind in ROTARIES.items() if hasattr(self, name)}
 
     def layer_angles(self, i: int, angles):
         return angles[self.geometry[i].kind]
