@@ -83,3 +83,19 @@ def test_draft_embeds_through_the_scaled_embedding(tmp_path) -> None:
     cfg = _resolved_draft_config(described.draft_cfg, described.pair, described.target_cfg)
     assert cfg["embed_scale"] == 8.0  # sqrt(64)
     assert embed_scale(5376, "bfloat16") == 73.5  # the 31B's sqrt(5376) = 73.32, as bf16 holds it
+
+
+def test_validation_reference_scales_the_embedding_as_the_checkpoints_dtype_does() -> None:
+    """Hugging Face running a bf16 checkpoint multiplies by bf16(sqrt(hidden)); validation's float32 reference
+    must too, or a real-width export 'differs' from it by the 0.25% rounding (found on the 31B slice)."""
+    from types import SimpleNamespace
+
+    import torch
+    from transformers.models.gemma4.modeling_gemma4 import Gemma4TextScaledWordEmbedding
+
+    from dflash_cli.exporting.validate import _fresh_rotary
+
+    with torch.device("meta"):
+        embedding = Gemma4TextScaledWordEmbedding(8, 5376, 0, embed_scale=5376**0.5)
+    _fresh_rotary(embedding, SimpleNamespace(dtype="bfloat16"))
+    assert float(embedding.embed_scale) == 73.5

@@ -268,7 +268,11 @@ def _fresh_rotary(model, cfg) -> None:
             for name in meta:
                 setattr(module, name, getattr(fresh, name))
         elif meta == ["embed_scale"] and hasattr(module, "scalar_embed_scale"):  # Gemma 4's scaled embedding
-            module.embed_scale = torch.tensor(module.scalar_embed_scale)
+            # as Hugging Face multiplies running the checkpoint in its own dtype (bf16: sqrt(5376) -> 73.5), and
+            # as our graphs do; a float32 model would use 73.32 and differ from both by 0.25%
+            from dflash_cli.modeling.gemma4_target import embed_scale
+
+            module.embed_scale = torch.tensor(embed_scale(module.embedding_dim, getattr(cfg, "dtype", None)))
 
 
 def _causal_lm(cfg):
