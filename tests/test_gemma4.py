@@ -88,14 +88,13 @@ def test_draft_embeds_through_the_scaled_embedding(tmp_path) -> None:
 def test_validation_reference_scales_the_embedding_as_the_checkpoints_dtype_does() -> None:
     """Hugging Face running a bf16 checkpoint multiplies by bf16(sqrt(hidden)); validation's float32 reference
     must too, or a real-width export 'differs' from it by the 0.25% rounding (found on the 31B slice)."""
-    from types import SimpleNamespace
-
     import torch
     from transformers.models.gemma4.modeling_gemma4 import Gemma4TextScaledWordEmbedding
 
-    from dflash_cli.exporting.validate import _fresh_rotary
+    from dflash_cli.exporting.validate import _scale_embeddings_as_checkpoint
 
-    with torch.device("meta"):
-        embedding = Gemma4TextScaledWordEmbedding(8, 5376, 0, embed_scale=5376**0.5)
-    _fresh_rotary(embedding, SimpleNamespace(dtype="bfloat16"))
+    embedding = Gemma4TextScaledWordEmbedding(8, 5376, 0, embed_scale=5376**0.5)
+    _scale_embeddings_as_checkpoint(embedding, torch.bfloat16)
     assert float(embedding.embed_scale) == 73.5
+    _scale_embeddings_as_checkpoint(embedding, "float32")
+    assert float(embedding.embed_scale) == float(torch.tensor(5376**0.5))

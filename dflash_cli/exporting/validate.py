@@ -245,8 +245,11 @@ def hf_text_lm(target_dir: Path):
     from dflash_cli.weights import WeightStore
 
     cfg = AutoConfig.from_pretrained(str(target_dir))
+    checkpoint_dtype = getattr(cfg, "dtype", None)
     try:
-        return AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).eval()
+        model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).eval()
+        _scale_embeddings_as_checkpoint(model, checkpoint_dtype)
+        return model
     except ValueError:  # no causal-LM class (Qwen3-VL's text model): ours around theirs
         with torch.device("meta"):
             model = _TextPathLM(cfg)
@@ -255,6 +258,17 @@ def hf_text_lm(target_dir: Path):
         model.load_state_dict(state, strict=True, assign=True)
         _fresh_rotary(model, cfg)
         return model.eval()
+
+
+def _scale_embeddings_as_checkpoint(model, checkpoint_dtype) -> None:
+    """Gemma 4's scaled embedding multiplies by sqrt(hidden) in the weights' dtype: running a bf16 checkpoint,
+    Hugging Face uses bf16(sqrt(5376)) = 73.5, as our graphs do; a float32 model would use 73.32 and differ
+    from both by 0.25%."""
+    from dflash_cli.modeling.gemma4_target import embed_scale
+
+    for module in model.modules():
+        if hasattr(module, "scalar_embed_scale") and hasattr(module, "embed_scale"):
+            module.embed_scale = torch.tensor(embed_scale(module.embedding_dim, checkpoint_dtype))
 
 
 def _fresh_rotary(model, cfg) -> None:
@@ -268,11 +282,7 @@ def _fresh_rotary(model, cfg) -> None:
             for name in meta:
                 setattr(module, name, getattr(fresh, name))
         elif meta == ["embed_scale"] and hasattr(module, "scalar_embed_scale"):  # Gemma 4's scaled embedding
-            # as Hugging Face multiplies running the checkpoint in its own dtype (bf16: sqrt(5376) -> 73.5), and
-            # as our graphs do; a float32 model would use 73.32 and differ from both by 0.25%
-            from dflash_cli.modeling.gemma4_target import embed_scale
-
-            module.embed_scale = torch.tensor(embed_scale(module.embedding_dim, getattr(cfg, "dtype", None)))
+            module.embed_scale = torch.tensor(module.scalar_embed_scale)  # _scale_embeddings_as_checkpoint sets it
 
 
 def _causal_lm(cfg):
@@ -286,6 +296,7 @@ def _causal_lm(cfg):
 
 def _hf_model(cfg, target):
     """The Hugging Face model of `cfg`, holding the same tensors as our target module (no second copy)."""
+    checkpoint_dtype = getattr(cfg, "dtype", None)  # building the model in float32 sets cfg.dtype to it
     with torch.device("meta"):
         hf = _causal_lm(cfg)
     from dflash_cli.modeling.moe import to_hf_state
@@ -296,6 +307,7 @@ def _hf_model(cfg, target):
     if getattr(cfg, "tie_word_embeddings", False):
         hf.lm_head.weight = hf.model.embed_tokens.weight
     _fresh_rotary(hf, cfg)
+    _scale_embeddings_as_checkpoint(hf, checkpoint_dtype)
     leftover = [n for n, p in [*hf.named_parameters(), *hf.named_buffers()] if p.is_meta]
     if leftover:
         raise RuntimeError(f"Hugging Face model has unfilled tensors: {leftover[:5]}")
