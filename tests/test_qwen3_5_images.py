@@ -11,7 +11,11 @@ import pytest
 
 from tests.engines import prefix_and_static
 from tests.fixtures.tiny_pairs import make_pair
-from tests.vision_prompts import agrees, assert_image_sampling_same_seed, qwen_hf_generate, qwen_image_prompts
+from tests.vision_prompts import (
+    assert_image_sampling_same_seed,
+    assert_qwen_image_prompts_equal_hf,
+    qwen_image_prompts,
+)
 
 NEW_TOKENS = 12
 MODES = ("plain", "dflash", "lookup", "hybrid")
@@ -32,17 +36,10 @@ def built(request, tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_image_prompts_in_every_mode_equalqwen_hf_generate(built) -> None:
+def test_image_prompts_in_every_mode_equal_hf_generate(built) -> None:
     """20 prompts with one or two images: every mode, both graph forms == Hugging Face's generate."""
     engines, hf = built
-    forms = dict(zip(("prefix", "static"), engines))
-    for ids, pixels, grids in qwen_image_prompts(hf, 20):
-        want = qwen_hf_generate(hf, ids, pixels, grids, NEW_TOKENS)
-        for form, engine in forms.items():
-            images = engine.images.prompt(ids, pixels, np.array(grids))
-            for mode in MODES:
-                got = engine.generate(ids, mode=mode, max_new_tokens=NEW_TOKENS, images=images).tokens
-                assert agrees(engine, got, want, NEW_TOKENS), f"{form} {mode}, grids {grids}"
+    assert_qwen_image_prompts_equal_hf(dict(zip(("prefix", "static"), engines)), hf, 20, NEW_TOKENS, MODES)
 
 
 @pytest.mark.slow

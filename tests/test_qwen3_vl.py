@@ -14,7 +14,13 @@ import torch
 
 from tests.engines import assert_every_mode_equals_hf, assert_sampling_same_seed, mixed_prompts, prefix_and_static
 from tests.fixtures.tiny_pairs import make_pair
-from tests.vision_prompts import agrees, assert_image_sampling_same_seed, qwen_hf_generate, qwen_image_prompts
+from tests.vision_prompts import (
+    agrees,
+    assert_image_sampling_same_seed,
+    assert_qwen_image_prompts_equal_hf,
+    qwen_hf_generate,
+    qwen_image_prompts,
+)
 
 NEW_TOKENS = 20
 MODES = ("plain", "dflash", "lookup", "hybrid")
@@ -73,14 +79,7 @@ def _image_prompts(hf, n: int):
 def test_image_prompts_in_every_mode_equal_hf_generate(built) -> None:
     """24 prompts with one or two images: every mode, both graph forms == Hugging Face's generate."""
     engines, hf = built
-    forms = dict(zip(("prefix", "static"), engines))
-    for ids, pixels, grids in _image_prompts(hf, 24):
-        want = qwen_hf_generate(hf, ids, pixels, grids, NEW_TOKENS)
-        for form, engine in forms.items():
-            images = engine.images.prompt(ids, pixels, np.array(grids))
-            for mode in MODES:
-                got = engine.generate(ids, mode=mode, max_new_tokens=NEW_TOKENS, images=images).tokens
-                assert agrees(engine, got, want, NEW_TOKENS), f"{form} {mode}, {len(grids)} image(s), grids {grids}"
+    assert_qwen_image_prompts_equal_hf(dict(zip(("prefix", "static"), engines)), hf, 24, NEW_TOKENS, MODES)
 
 
 @pytest.mark.slow

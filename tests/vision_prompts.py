@@ -58,3 +58,14 @@ def assert_image_sampling_same_seed(engine, cases, modes) -> None:
             for m in modes
         }
         assert all(r == runs["plain"] for r in runs.values()), f"seed {seed}"
+
+
+def assert_qwen_image_prompts_equal_hf(forms: dict, hf, n: int, new_tokens: int, modes) -> None:
+    """`n` Qwen-style image prompts: every engine ({form: Engine}) in every mode == Hugging Face's generate."""
+    for ids, pixels, grids in qwen_image_prompts(hf, n):
+        want = qwen_hf_generate(hf, ids, pixels, grids, new_tokens)
+        for form, engine in forms.items():
+            images = engine.images.prompt(ids, pixels, np.array(grids))
+            for mode in modes:
+                got = engine.generate(ids, mode=mode, max_new_tokens=new_tokens, images=images).tokens
+                assert agrees(engine, got, want, new_tokens), f"{form} {mode}, {len(grids)} image(s), grids {grids}"
