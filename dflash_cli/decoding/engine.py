@@ -248,7 +248,9 @@ class Engine:
         sessions = [s for s in (self.target, self._plain_target) if s is not None]
         if images is not None:
             if self.images is None or not all(getattr(s, "vision", None) for s in sessions):
-                raise GenerationError("this target takes no images", hint="a vision-language build (Qwen3-VL) does")
+                raise GenerationError(
+                    "this target takes no images", hint="a vision-language build (Qwen3-VL, Gemma 4, Qwen3.5) does"
+                )
             if images.length != len(prompt_ids):
                 raise GenerationError("the image inputs were made for another prompt", hint="this is a dflash bug")
         feeders = [s.vision for s in sessions if getattr(s, "vision", None) is not None]
