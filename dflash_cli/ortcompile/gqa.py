@@ -15,8 +15,8 @@ What it relies on, all checked or anchored by name rather than by op patterns:
     (plain, transposed, MatMulNBits' `.w4` / `.w8`, or one stacked q/k/v MatMulNBits and its Split that
     names its parts, ortcompile/quantize.py); q/k go through one fused q_norm/k_norm
     (SimplifiedLayerNormalization, after fuse.py) or none (Llama);
-  * the RoPE tables `*rotary.cos_table` / `*rotary.sin_table` [ctx_len, head_dim] repeat their halves
-    (rotate-half RoPE, as Qwen3 and Llama use);
+  * one pair of RoPE tables `*rotary.cos_table` / `*rotary.sin_table` [ctx_len, head_dim] repeating their
+    halves (rotate-half RoPE, as Qwen3 and Llama use; not Gemma 4's per-layer-kind ones, heads of two widths);
   * calls are contiguous: a call's real rows sit at positions start, start+1, ... with padding after
     them (what the decoding loops send; the session checks it). GroupQueryAttention takes positions
     from the cache length, so position_ids only gives the call's start.
@@ -39,10 +39,9 @@ KV_IN_PLACE = "in_place_bnsh"  # past_* / present_* share [1, kv_heads, ctx_len 
 SPARE_SLOTS = 1  # for the padding row of a one-token call at the last slot (one-token calls attend as two rows)
 _PROJ = re.compile(r"layers\.(\d+)\.self_attn\.([qkvo])_proj\.weight(\.w\d+)?$")
 _SINKS = re.compile(r"layers\.(\d+)\.self_attn\.sinks$")  # gpt-oss's per-head sink logits
-# ONNX Runtime's GroupQueryAttention (CPU, 1.32) checks its inputs at the first run, not when the session is
-# created: with cos/sin caches (do_rotary=1, as here) head_size % 16 == 0 ("head_size shall be a multiple of
-# 16", CheckRotaryCaches; 16, 32, 48, 64, 80, 96, 112, 128, 256 run, 8, 24, 40, 72 are refused), without them
-# head_size % 8 == 0; and always num_heads % kv_num_heads == 0.
+# ONNX Runtime's GroupQueryAttention (CPU, 1.32) checks its inputs at the first run, not at session creation:
+# with cos/sin caches (do_rotary=1, as here) head_size % 16 == 0 (CheckRotaryCaches: 16, 32, ..., 128, 256 run;
+# 8, 24, 40, 72 are refused), without them head_size % 8 == 0; always num_heads % kv_num_heads == 0.
 ROTARY_HEAD_DIM_MULTIPLE = 16
 
 
@@ -119,8 +118,7 @@ def rewrite_attention(model, base_dir: Path, windows: list[int | None] | None = 
     if sinks and windows is None:
         result.skipped.append("attention sinks without the export's attention_windows (export.json)")
         return result
-    # A draft (context_features, ...) attends over its block in both directions: not causal, left alone.
-    if not layers or plain_inputs != {"input_ids", "position_ids"}:
+    if not layers or plain_inputs != {"input_ids", "position_ids"}:  # a draft (bidirectional block) is left alone
         found = f"inputs {sorted(plain_inputs)}, {len(layers)} present_key.N"
         result.skipped.append(f"not a prefix-cache target graph ({found})")
         return result
@@ -129,8 +127,7 @@ def rewrite_attention(model, base_dir: Path, windows: list[int | None] | None = 
         for kind in ("cos", "sin"):
             if t.name.endswith(f"rotary.{kind}_table") and len(t.dims) == 2:
                 tables[kind] = t
-    if any(re.search(r"rotary_\w+\.cos_table$", t.name) for t in graph.initializer):
-        # Gemma 4: a RoPE per layer kind, heads of two widths, attention scaled by 1: not this kernel's pattern
+    if any(re.search(r"rotary_\w+\.cos_table$", t.name) for t in graph.initializer):  # Gemma 4 (docstring)
         result.skipped.append("RoPE tables of several layer kinds (rotary_*.cos_table)")
         return result
     if set(tables) != {"cos", "sin"}:
