@@ -188,11 +188,14 @@ def _trace(job: _Job, shape: PairShape, options: ExportOptions):
         example = example_inputs(traced, options.torch_dtype)
         return trace_template(traced, example, ins, outs, job.sym, job.sources, options.opset)
     prefix_cache = job.flavour == "_prefix"
-    example = _example_inputs(job.gname, traced, shape, options.torch_dtype, prefix_cache=prefix_cache)
+    # A prefix graph of a module that allows it takes several sequences per call (continuous batching)
+    batched = prefix_cache and getattr(traced, "batched_prefix", False)
+    example = _example_inputs(job.gname, traced, shape, options.torch_dtype, prefix_cache, 2 if batched else 1)
     # The prefix form's symbolic cache inputs: K/V's filled slots, and a hybrid target's pending rows.
     past = tuple(n for n in ins if n.startswith(("past_key.", "past_value."))) if prefix_cache else ()
     rows = tuple(n for n in ins if n.startswith(PENDING_ROWS_INPUTS)) if prefix_cache else ()
-    return trace_template(traced, example, ins, outs, job.sym, job.sources, options.opset, past, rows)
+    batch = tuple(ins) if batched else ()
+    return trace_template(traced, example, ins, outs, job.sym, job.sources, options.opset, past, rows, batch)
 
 
 def _one_layer_stand_in(gname, module, hf_config, src: Path, options: ExportOptions, rows):
@@ -336,7 +339,10 @@ def _constant(t: torch.Tensor) -> Initializer:
     return Initializer("constant", None, lambda: iter([data]))
 
 
-def _example_inputs(gname: str, module, shape: PairShape, dtype: torch.dtype, prefix_cache: bool = False) -> tuple:
+def _example_inputs(
+    gname: str, module, shape: PairShape, dtype: torch.dtype, prefix_cache: bool = False, batch: int = 1
+) -> tuple:
+    """`batch` 2 (not 1, which the exporter would fix as a constant) traces a symbolic batch axis."""
     B, P = shape.block, shape.prefill
     meta = torch.device("meta")
     from dflash_cli.modeling.hybrid_target import HybridCacheTarget
@@ -348,25 +354,25 @@ def _example_inputs(gname: str, module, shape: PairShape, dtype: torch.dtype, pr
             if prefix_cache
             else module.empty_cache(shape.ctx_len, dtype=dtype, device=meta)
         )
-    elif prefix_cache:  # [1, L, kvh, d] with an example L unlike any other size, so it stays symbolic
+    elif prefix_cache:  # [b, L, kvh, d] with an example L unlike any other size, so it stays symbolic
         past = [
-            torch.empty((1, P + 3, p.shape[1], p.shape[3]), dtype=dtype, device=meta) for p in module.empty_cache(1)
+            torch.empty((batch, P + 3, p.shape[1], p.shape[3]), dtype=dtype, device=meta) for p in module.empty_cache(1)
         ]
     else:
         past = [
             torch.empty(p.shape[:2] + (shape.ctx_len,) + p.shape[3:], dtype=dtype, device=meta)
             for p in module.empty_cache(1)
         ]
-    ids = torch.zeros(1, B, dtype=torch.long, device=meta)
+    ids = torch.zeros(batch, B, dtype=torch.long, device=meta)
     if gname == "target":
-        pos = torch.zeros(1, B, dtype=torch.long)
+        pos = torch.zeros(batch, B, dtype=torch.long)
         extra = [t.to(meta) for t in module.text_inputs(pos, dtype)] if getattr(module, "extra_inputs", ()) else []
         return (ids, pos.to(meta), *extra, *past)
     return (
         ids,
-        torch.zeros(1, B, dtype=torch.long, device=meta),
-        torch.zeros(1, P, shape.hidden, dtype=dtype, device=meta),
-        torch.zeros(1, P, dtype=torch.long, device=meta),
+        torch.zeros(batch, B, dtype=torch.long, device=meta),
+        torch.zeros(batch, P, shape.hidden, dtype=dtype, device=meta),
+        torch.zeros(batch, P, dtype=torch.long, device=meta),
         *past,
     )
 

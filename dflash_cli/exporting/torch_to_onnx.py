@@ -20,6 +20,7 @@ from dflash_cli.exporting.names import WRAPPER_PREFIX
 from dflash_cli.exporting.no_retrace import skip_retrace
 
 PENDING_ROWS = "pending_rows"
+BATCH = "batch"  # axis 0 of a batched prefix graph's inputs (sequences per call)
 PENDING_ROWS_INPUTS = ("past_delta.", "past_delta_positions")  # a hybrid target's inputs with that dim
 
 # Above this many parameter bytes the TorchScript graph keeps its weights in a side `.data` file (protobuf's 2 GB cap).
@@ -36,12 +37,14 @@ def trace_template(
     opset: int = 18,
     past_len_inputs: tuple[str, ...] = (),
     pending_rows_inputs: tuple[str, ...] = (),
+    batch_inputs: tuple[str, ...] = (),
 ):
     """The traced, optimised graph of `module` (parameters on the meta device) whose weight initializers
     read `sources` lazily, and {graph initializer name: its source}. Reads no weight bytes. `sources`
     maps a parameter/buffer name of `module` to the producer of its bytes; `past_len_inputs` get a
     second symbolic dim, `past_len`, on axis 1 (the prefix-cache graphs' filled slots); `pending_rows_inputs`
-    one of their own, `pending_rows` (a hybrid target's rows of the previous call, modeling/delta_rollback.py)."""
+    one of their own, `pending_rows` (a hybrid target's rows of the previous call, modeling/delta_rollback.py);
+    `batch_inputs` a symbolic axis 0, `batch` (the prefix graphs that serve several sequences per call)."""
     import onnxscript.rewriter.onnx_fusions
 
     from dflash_cli.modeling.moe import onnx_translations
@@ -52,6 +55,9 @@ def trace_template(
     dynamic |= {_arg(n): {1: past_len} for n in past_len_inputs}
     pending = torch.export.Dim(PENDING_ROWS, min=1, max=1 << 20)
     dynamic |= {_arg(n): {1: pending} for n in pending_rows_inputs}
+    batch = torch.export.Dim(BATCH, min=1, max=1024)
+    for n in batch_inputs:
+        dynamic[_arg(n)] = {**(dynamic[_arg(n)] or {}), 0: batch}
     with warnings.catch_warnings(), torch.no_grad(), _one_op_registry(), skip_retrace():
         warnings.simplefilter("ignore")
         try:
@@ -251,16 +257,20 @@ class _ExplicitArgs(torch.nn.Module):
 
 def _name_seq_dims(path: Path) -> None:
     """Name the symbolic dims of graph inputs/outputs (dynamo names them s0...): axis 1 of a `past_*` input
-    is `past_len` (prefix-cache graphs) or, for pending rows, `pending_rows`; every other one `seq_len`."""
+    is `past_len` (prefix-cache graphs) or, for pending rows, `pending_rows`; axis 0 `batch`; every other one
+    `seq_len`."""
     import onnx
 
     model = onnx.load(str(path), load_external_data=False)
     changed = False
+    # a batched prefix graph's token inputs have a symbolic axis 0 (a vision tower's axis 0 is its patches)
+    batched = any(i.name == "input_ids" and i.type.tensor_type.shape.dim[0].dim_param for i in model.graph.input)
     for vi in [*model.graph.input, *model.graph.output]:
         is_past = vi.name.startswith("past_") and vi in model.graph.input
         for axis, dim in enumerate(vi.type.tensor_type.shape.dim):
             rows = vi.name.startswith(PENDING_ROWS_INPUTS)
             want = (PENDING_ROWS if rows else "past_len") if is_past and axis == 1 else "seq_len"
+            want = BATCH if axis == 0 and batched else want
             if dim.HasField("dim_param") and dim.dim_param != want:
                 dim.dim_param = want
                 changed = True

@@ -117,6 +117,7 @@ class StaticCacheDraft(nn.Module):
     """
 
     prefix_cache = False  # see StaticCacheTarget.use_prefix_cache
+    batched_prefix = True  # its prefix graph takes several sequences per call (continuous batching)
 
     def __init__(self, draft: DFlashDraft, emit_logits: bool = False) -> None:
         super().__init__()
@@ -139,15 +140,29 @@ class StaticCacheDraft(nn.Module):
                 cv = write_cache(past[2 * i + 1], context_position_ids, v)
                 retained += [ck, cv]
             per_layer.append((ck, cv))
-        slots = torch.arange(ck.shape[2], device=input_ids.device)
-        start = position_ids[:, :1]  # [b, 1]
-        cache_visible = (slots[None, :] < start)[:, None, :].expand(-1, input_ids.shape[1], -1)
+        if self.prefix_cache:
+            cache_visible = self._prefix_visible(past[0], context_position_ids)
+        else:
+            slots = torch.arange(ck.shape[2], device=input_ids.device)
+            start = position_ids[:, :1]  # [b, 1]
+            cache_visible = slots[None, :] < start
+        cache_visible = cache_visible[:, None, :].expand(-1, input_ids.shape[1], -1)
         block_visible = torch.ones_like(cache_visible[..., : input_ids.shape[1]])
         visible = torch.cat([cache_visible, block_visible], dim=-1)[:, None]
         h = d.hidden_states(input_ids, position_ids, per_layer, visible)
         logits = d.lm_head(h[:, 1:])
         tokens = torch.argmax(logits, dim=-1)
         return (tokens, logits, *retained) if self.emit_logits else (tokens, *retained)
+
+    @staticmethod
+    def _prefix_visible(past: torch.Tensor, ctx_pos: torch.Tensor) -> torch.Tensor:
+        """[b, L + c]: which of [past ; this call's context] the block sees. Row r of a batched call has
+        filled only its first ctx_pos[r, 0] slots of the L it is handed (sequences of different lengths
+        share the call), and its context rows at position -1 are padding. Alone in a call (L filled, the
+        context catching up to the block) this is the static form's `slot < block start`."""
+        slots = torch.arange(past.shape[1], device=ctx_pos.device)
+        filled = slots[None, :] < ctx_pos[:, :1]
+        return torch.cat([filled, ctx_pos >= 0], dim=1)
 
     def empty_cache(self, ctx_len: int, batch: int = 1, dtype=torch.float32) -> list[torch.Tensor]:
         shape = (batch, self.draft.kv_heads, ctx_len, self.draft.head_dim)

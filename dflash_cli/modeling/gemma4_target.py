@@ -144,6 +144,8 @@ class Gemma4Target(StaticCacheTarget):
     `image_groups` [b, s]: a sliding layer's query at an image token sees every token of the same image,
     ahead of it too (an image's tokens sit in one call: decoding/target_calls.py); 0 at text tokens."""
 
+    batched_prefix = False  # one sequence per call: its attention is not rewritten for in-place batches
+
     uniform_layers = False  # global layers have other shapes: the export traces every layer
 
     def __init__(

@@ -178,6 +178,8 @@ class StaticCacheTarget(nn.Module):
         self.dflash = _Fusion(self.spec.hidden, len(self.layer_ids), self.spec.eps)
 
     prefix_cache = False
+    # Its prefix graph takes several sequences per call (continuous batching; exporting/graphs.py)
+    batched_prefix = True
     # Every layer of one geometry, so the export may trace one and grow the rest (exporting/replicate.py).
     uniform_layers = True
     # Which id in layer_ids means "after the final norm" (None: the last layer). The export traces a

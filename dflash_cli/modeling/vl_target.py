@@ -56,6 +56,7 @@ def merge_image_rows(x: torch.Tensor, vision_embeds: torch.Tensor, vision_mask: 
 
 class VisionLanguageTarget(StaticCacheTarget):
     extra_inputs = VL_INPUTS
+    batched_prefix = False  # image inputs per call: one sequence per call
 
     def __init__(self, hf_config, target_layer_ids: list[int], emit_logits: bool = False, deepstack: int = 0) -> None:
         super().__init__(hf_config, target_layer_ids, emit_logits)

@@ -29,8 +29,9 @@ FULL_VALIDATION_BYTES = 1 << 30  # float32 bytes of both graphs up to which the 
 # 5 = two-pass RMSNorm (finite in fp16 for |x| up to fp16's max) and V zeroed in cache slots no query sees;
 # 6 = scalar fill values in Where (5 expanded full-size constants for the mask, V and the norm floor);
 # 7 = also the prefix-cache twins target_prefix.onnx / draft_prefix.onnx that ONNX Runtime runs;
-# 8 = grown from one traced decoder layer (exporting/replicate.py); equal initializers no longer merged.
-GRAPH_REVISION = 8
+# 8 = grown from one traced decoder layer (exporting/replicate.py); equal initializers no longer merged;
+# 9 = the dense prefix graphs take a symbolic batch (several sequences per call).
+GRAPH_REVISION = 9
 
 
 class ExportStage:
