@@ -17,9 +17,9 @@ What it relies on, all checked or anchored by name rather than by op patterns:
     (SimplifiedLayerNormalization, after fuse.py) or none (Llama);
   * one pair of RoPE tables `*rotary.cos_table` / `*rotary.sin_table` [ctx_len, head_dim] repeating their
     halves (rotate-half RoPE, as Qwen3 and Llama use; not Gemma 4's per-layer-kind ones, heads of two widths);
-  * calls are contiguous: a call's real rows sit at positions start, start+1, ... with padding after
-    them (what the decoding loops send; the session checks it). GroupQueryAttention takes positions
-    from the cache length, so position_ids only gives the call's start.
+  * calls are contiguous: each sequence's real rows sit at positions start, start+1, ... with padding
+    after them (the session checks it). GroupQueryAttention takes positions from each sequence's cache
+    length, so position_ids[:, 0] only gives the starts (a batched call: one per sequence).
   * what ONNX Runtime's kernel accepts (`kernel_refusal`): with RoPE inside (do_rotary=1) head_dim a
     multiple of 16, and num_heads a multiple of kv_heads; checked before anything is rewritten.
 Anything else leaves the graph as it was, with the reason. The compile stage then checks the result
@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 KV_LAYOUT_KEY = "dflash.kv_cache"
-KV_IN_PLACE = "in_place_bnsh"  # past_* / present_* share [1, kv_heads, ctx_len + SPARE_SLOTS, head_dim] buffers
+KV_IN_PLACE = "in_place_bnsh"  # past_* / present_* share [b, kv_heads, ctx_len + SPARE_SLOTS, head_dim] buffers
 SPARE_SLOTS = 1  # for the padding row of a one-token call at the last slot (one-token calls attend as two rows)
 _PROJ = re.compile(r"layers\.(\d+)\.self_attn\.([qkvo])_proj\.weight(\.w\d+)?$")
 _SINKS = re.compile(r"layers\.(\d+)\.self_attn\.sinks$")  # gpt-oss's per-head sink logits
@@ -150,6 +150,7 @@ def rewrite_attention(model, base_dir: Path, windows: list[int | None] | None = 
             return result
         halves[kind] = full[:, : head_dim // 2]
     elem = inputs[f"past_key.{layers[0]}"].type.tensor_type.elem_type
+    batch = inputs["input_ids"].type.tensor_type.shape.dim[0].dim_param or 1  # a cache row per sequence
     np_dtype = helper.tensor_dtype_to_np_dtype(elem)
 
     plans = []
@@ -189,14 +190,14 @@ def rewrite_attention(model, base_dir: Path, windows: list[int | None] | None = 
         numpy_helper.from_array(np.array([2], np.int64), "gqa.two"),
         numpy_helper.from_array(np.array([0, 0, -1], np.int64), "gqa.flat_heads"),
     ]
-    # Cache length after the call = first position + rows attended (padding rows included: their K/V
-    # land in slots past the real ones, which the next call overwrites before anyone reads them).
+    # Cache length after the call = start + rows attended (padding rows too: their K/V land past the real
+    # ones, overwritten before anyone reads them); the kernel's total is the longest sequence's.
     # A one-token call attends as two rows (the token repeated at the next slot): the kernel's one-row
     # path rounds differently from a block's, and plain decoding must see a verify block's numbers
     # (backends/single_row.py). Only q/k/v are padded, so the projections keep their one-row cost.
     new_nodes += [
         helper.make_node("Gather", ["position_ids", "gqa.zero"], ["gqa.start2d"], axis=1),
-        helper.make_node("Squeeze", ["gqa.start2d", "gqa.zero"], ["gqa.start"]),
+        helper.make_node("Squeeze", ["gqa.start2d", "gqa.one"], ["gqa.start"]),  # [b]
         helper.make_node("Shape", ["input_ids"], ["gqa.seq_len"], start=1, end=2),
         helper.make_node("Max", ["gqa.seq_len", "gqa.two"], ["gqa.rows"]),
         helper.make_node("Sub", ["gqa.rows", "gqa.seq_len"], ["gqa.pad_rows"]),
@@ -204,7 +205,7 @@ def rewrite_attention(model, base_dir: Path, windows: list[int | None] | None = 
         helper.make_node("Add", ["gqa.start", "gqa.rows"], ["gqa.total64"]),
         helper.make_node("Sub", ["gqa.total64", "gqa.one"], ["gqa.seqlens64"]),
         helper.make_node("Cast", ["gqa.seqlens64"], ["gqa.seqlens_k"], to=TensorProto.INT32),
-        helper.make_node("Squeeze", ["gqa.total64", "gqa.zero"], ["gqa.total_scalar64"]),
+        helper.make_node("ReduceMax", ["gqa.total64"], ["gqa.total_scalar64"], keepdims=0),  # the longest
         helper.make_node("Cast", ["gqa.total_scalar64"], ["gqa.total_len"], to=TensorProto.INT32),
     ]
     inserted_before: dict[int, list] = {}  # id(o_proj node) -> nodes to place right before it
@@ -243,7 +244,7 @@ def rewrite_attention(model, base_dir: Path, windows: list[int | None] | None = 
         o_proj.input[0] = out
         inserted_before[id(o_proj)] = nodes
         for kv in ("key", "value"):
-            cache_dims = [1, kv_heads, "cache_len", head_dim]
+            cache_dims = [batch, kv_heads, "cache_len", head_dim]
             inputs[f"past_{kv}.{i}"].CopyFrom(helper.make_tensor_value_info(f"past_{kv}.{i}", elem, cache_dims))
             if f"present_{kv}.{i}" in outputs:
                 outputs[f"present_{kv}.{i}"].CopyFrom(
@@ -260,7 +261,9 @@ def rewrite_attention(model, base_dir: Path, windows: list[int | None] | None = 
         ordered.append(node)
     del graph.node[:]
     graph.node.extend(_live(ordered, {o.name for o in graph.output}))
-    result.merged_pads = _merge_row_pads(graph)
+    from dflash_cli.ortcompile.row_pads import merge_row_pads
+
+    result.merged_pads = merge_row_pads(graph)
     graph.initializer.extend(new_inits)
     used = {name for n in graph.node for name in n.input}
     keep = [t for t in graph.initializer if t.name in used]
@@ -320,73 +323,6 @@ def _out_features(node, weight) -> int | None:
     if len(weight.dims) != 2:
         return None
     return weight.dims[1] if node.input[1] == weight.name else weight.dims[0]
-
-
-def _merge_row_pads(graph) -> int:
-    """Where a layer's q, k and v come from one Split (the stacked q/k/v MatMulNBits of an int8/int4
-    compile) through per-head norms and reshapes only, pad the Split's input once instead of q, k and v
-    each: one node instead of three, and the norms see the padding row as a copy of the real one (edge
-    mode), which they treat like any row. Only where every tensor on the way has a single reader, so no
-    other node sees the extra row. Returns the layers merged."""
-    from onnx import helper
-
-    producers = {o: n for n in graph.node for o in n.output}
-    readers: dict[str, list] = {}
-    for n in graph.node:
-        for name in n.input:
-            readers.setdefault(name, []).append(n)
-    outputs = {o.name for o in graph.output}
-
-    def sole_reader(name: str, node) -> bool:
-        return name not in outputs and len(readers.get(name, [])) == 1 and readers[name][0] is node
-
-    def reader_of(name: str):
-        users = readers.get(name, [])
-        return users[0] if len(users) == 1 else None
-
-    def split_above(pad):
-        """The Split `pad`'s input comes from through single-reader Reshape / norm chains, or None."""
-        node, below = producers.get(pad.input[0]), pad
-        while node is not None and node.op_type in ("Reshape", "SimplifiedLayerNormalization"):
-            if not sole_reader(node.output[0], below):
-                return None
-            node, below = producers.get(node.input[0]), node
-        if node is None or node.op_type != "Split" or not all(sole_reader(o, reader_of(o)) for o in node.output):
-            return None
-        axis = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "axis"), 0)
-        return node if axis in (-1, 2) else None  # split along the features of [1, rows, features]
-
-    drop: set[int] = set()
-    before: dict[int, object] = {}
-    for gqa in [n for n in graph.node if n.op_type == "GroupQueryAttention"]:
-        pads = [producers.get(name) for name in gqa.input[:3]]
-        if not all(p is not None and p.op_type == "Pad" and sole_reader(p.output[0], gqa) for p in pads):
-            continue
-        found = [split_above(p) for p in pads]
-        split = found[0]
-        if split is None or any(s is not split for s in found):
-            continue
-        src = split.input[0]
-        if src in outputs or len(readers.get(src, [])) != 1:
-            continue
-        rows = f"{src}.rows"
-        before[id(split)] = helper.make_node("Pad", [src, pads[0].input[1]], [rows], mode="edge")
-        split.input[0] = rows
-        for j, pad in enumerate(pads):
-            gqa.input[j] = pad.input[0]
-            drop.add(id(pad))
-    if not before:
-        return 0
-    kept = []
-    for node in graph.node:
-        if id(node) in drop:
-            continue
-        if id(node) in before:
-            kept.append(before[id(node)])
-        kept.append(node)
-    del graph.node[:]
-    graph.node.extend(kept)
-    return len(before)
 
 
 def _live(nodes: list, wanted: set[str]) -> list:

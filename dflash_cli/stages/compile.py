@@ -25,7 +25,7 @@ class CompileStage:
     # 5: stacked q/k/v, gate/up; 6: prefix-cache graphs share stacks; 7: call-length check; 8: GQA pads one-row calls;
     # 9: the call-length check covers the hybrid's verifies past the block; 10: SiLU as QuickGelu, q/k/v
     # padded once before their stacked Split; 11: a hybrid target's call-length check asks equal tokens only
-    version = 13  # 13: the embedding to GatherBlockQuantized
+    version = 14  # 13: the embedding to GatherBlockQuantized; 14: per-sequence cache lengths (batched calls)
     upstream = ("export",)
     tools: tuple[str, ...] = ("onnx", "onnxruntime")  # the QAIC SDK version is in key_fields
 
@@ -100,6 +100,27 @@ def _check_call_length(sess, info: dict, vocab_size: int, facts: dict, progress)
             "warning: on this machine's ONNX Runtime the prefix-cache target's outputs depend on the call's "
             "length; `dflash run` will use the static graphs (lossless, slower)"
         )
+
+
+def _check_batches(path, info: dict, vocab_size: int, settings, facts: dict) -> None:
+    """Batch invariance of an in-place target that takes several sequences (backends/batch_invariance.py)."""
+    import onnx
+
+    from dflash_cli.backends.ort_kv_inplace import is_in_place_graph
+
+    first = onnx.load(str(path), load_external_data=False).graph.input[0].type.tensor_type.shape.dim[0]
+    if facts.get("prefix_target_lossless") is False or not is_in_place_graph(path) or first.dim_param != "batch":
+        return
+    from dflash_cli.backends.batch_invariance import batch_invariance
+    from dflash_cli.ortcompile.checks import graph_weight_bytes
+    from dflash_cli.process_memory import available_bytes
+
+    free = available_bytes()
+    if free is not None and 2 * graph_weight_bytes(path) > free // 2:  # two more sessions of the target
+        facts["batch_invariance"] = {"equal": False, "skipped": "two more target sessions do not fit in memory"}
+        return
+    pad = facts.get("prefix_one_token_calls") != "one row"
+    facts["batch_invariance"] = batch_invariance(path, info, vocab_size, settings, pad)
 
 
 def _note_unfused_attention(facts: dict, why: str, progress) -> None:
@@ -294,6 +315,7 @@ def _compile_ort(ctx: StageContext) -> dict[str, Any]:
                     if gname == "target":  # what decoding runs on the CPU: its positions must stay independent too
                         facts["prefix_causal_invariance_max_diff"] = causal_invariance(sess, info, pair["vocab_size"])
                         _check_call_length(sess, info, pair["vocab_size"], facts, ctx.progress)
+                        _check_batches(out / prefix_graph["onnx"], info, pair["vocab_size"], settings, facts)
 
                 _unfused_if_refused(check_prefix, f"{gname}_prefix", out, info, unfused, facts, ctx.progress)
         done += ["fused vs unfused"] if unfused else []
