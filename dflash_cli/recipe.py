@@ -155,7 +155,9 @@ class RunConfig(_Section):
 class ServeConfig(_Section):
     host: str = "127.0.0.1"  # loopback by default: exposing a server is an explicit choice
     port: int = Field(default=8000, ge=0, le=65535)  # 0 = any free port (printed at start)
-    queue_size: int = Field(default=8, ge=0)  # requests that may wait while one is decoded; more get 503
+    queue_size: int = Field(default=8, ge=0)  # requests that may wait while the batch is full; more get 503
+    # Requests decoded together (continuous batching, decoding/batching.py); 1 = one after another
+    max_batch: int = Field(default=4, ge=1, le=64)
     max_request_bytes: int | None = Field(default=None, ge=1024)  # bigger bodies get 413; None: from ctx_len
     # A directory whose image files chat requests may name (file:// or a path); None: inline images only
     allowed_local_media_path: str | None = None

@@ -50,6 +50,12 @@ def serve_command(
             "--queue-size", min=0, help="Requests waiting while one runs (more get 503). Default: serve.queue_size."
         ),
     ] = None,
+    max_batch: Annotated[
+        int | None,
+        typer.Option(
+            "--max-batch", min=1, max=64, help="Requests decoded together (1: one at a time). Default: serve.max_batch."
+        ),
+    ] = None,
     model_name: Annotated[
         str | None, typer.Option("--model-name", help="The model id clients send. Default: the recipe's name.")
     ] = None,
@@ -97,10 +103,22 @@ def serve_command(
     with build_progress() as on_event:
         engine = build_engine(r, Cache(cache_dir), lambda e: None if e.message == "cached" else on_event(e))
     mode = "plain" if no_draft else DRAFTER_MODES[r.run.drafter]  # run.drafter names a speculative mode
-    app = create_app(engine, model_name=name, queue_size=queue, mode=mode, max_request_bytes=r.serve.max_request_bytes)
+    app = create_app(
+        engine,
+        model_name=name,
+        queue_size=queue,
+        mode=mode,
+        max_request_bytes=r.serve.max_request_bytes,
+        max_batch=r.serve.max_batch if max_batch is None else max_batch,
+    )
+    scheduler = app.state.scheduler
+    if scheduler.batch_refusal:
+        err_console().print(f"note: batch {scheduler.slots}: {scheduler.batch_refusal}", markup=False, highlight=False)
+    batch = f"batch {scheduler.slots}" if scheduler.slots > 1 else "one at a time"
     shown = f"[{host}]" if ":" in host else host
     err_console().print(
-        f"serving {name} ({mode}) on http://{shown}:{sock.getsockname()[1]}/v1 · queue {queue} · Ctrl-C stops",
+        f"serving {name} ({mode}) on http://{shown}:{sock.getsockname()[1]}/v1 · {batch} · queue {queue} · "
+        "Ctrl-C stops",
         markup=False,
         highlight=False,
     )

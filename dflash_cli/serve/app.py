@@ -24,11 +24,18 @@ log = logging.getLogger("dflash.serve")
 
 
 def create_app(
-    engine: Any, *, model_name: str, queue_size: int = 8, mode: str = "dflash", max_request_bytes: int | None = None
+    engine: Any,
+    *,
+    model_name: str,
+    queue_size: int = 8,
+    mode: str = "dflash",
+    max_request_bytes: int | None = None,
+    max_batch: int = 1,
 ) -> FastAPI:
-    """An app serving `engine` (an opened `Engine`) as `model_name`; one generation at a time."""
+    """An app serving `engine` (an opened `Engine`) as `model_name`; up to `max_batch` generations at a time."""
     metrics = ServerMetrics(model_name, engine.block_size if mode != "plain" else 1)
-    scheduler = Scheduler(engine, queue_size, metrics, mode)
+    scheduler = Scheduler(engine, queue_size, metrics, mode, max_batch)
+    metrics.batch_stats = scheduler.batcher.stats if scheduler.batcher is not None else None
     intake = Intake(engine, model_name, max_request_bytes or default_limit(engine.ctx_len, engine.images is not None))
     created = int(time.time())
     app = FastAPI(title="dflash serve", docs_url=None, redoc_url=None, openapi_url=None)
@@ -88,7 +95,7 @@ def create_app(
         except QueueFull:
             metrics.count_rejected()
             raise ApiError(
-                f"the server is busy: one request running and {queue_size} waiting",
+                f"the server is busy: {scheduler.slots} request(s) running and {queue_size} waiting",
                 status=503,
                 code="server_busy",
                 hint=f"retry after {RETRY_AFTER_S} s, or start the server with a larger --queue-size",

@@ -29,6 +29,7 @@ class ServerMetrics:
         self.draft_tokens = 0
         self.accepted_tokens = 0
         self.accepted_per_pos = [0] * self.width
+        self.batch_stats = None  # decoding/batching.py's BatchStats when requests are batched
 
     def record(self, result: GenerationResult, finish_reason: str) -> None:
         with self._lock:
@@ -96,6 +97,8 @@ class ServerMetrics:
                 "Drafts whose token at this position was accepted.",
                 [(f'position="{i}"', n) for i, n in enumerate(self.accepted_per_pos)],
             )
+            if self.batch_stats is not None:
+                lines += _batch_lines(self.batch_stats, label)
             lines.append("# HELP dflash:request_errors_total Requests that failed during generation.")
             lines.append("# TYPE dflash:request_errors_total counter")
             lines.append(f"dflash:request_errors_total{{{label}}} {float(self.errors)}")
@@ -103,6 +106,20 @@ class ServerMetrics:
             lines.append("# TYPE dflash:requests_rejected_total counter")
             lines.append(f"dflash:requests_rejected_total{{{label}}} {float(self.rejected)}")
         return "\n".join(lines) + "\n"
+
+
+def _batch_lines(stats, label: str) -> list[str]:
+    """Batched model calls and the sequences they carried, per graph: their ratio is the mean batch size."""
+    lines = []
+    for name, help_, values in (
+        ("batch_calls", "Batched model calls.", stats.calls),
+        ("batch_sequences", "Sequences carried by batched model calls.", stats.sequences),
+    ):
+        lines += [f"# HELP dflash:{name}_total {help_}", f"# TYPE dflash:{name}_total counter"]
+        lines += [f'dflash:{name}_total{{{label},graph="{g}"}} {float(v)}' for g, v in sorted(values.items())]
+    lines += ["# HELP dflash:batch_size_max Most sequences one call has carried.", "# TYPE dflash:batch_size_max gauge"]
+    lines.append(f"dflash:batch_size_max{{{label}}} {float(stats.largest)}")
+    return lines
 
 
 def _escape(value: str) -> str:

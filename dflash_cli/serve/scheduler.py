@@ -1,5 +1,8 @@
-"""One engine, one request at a time: a worker thread runs generations in arrival order.
+"""One engine, up to `max_batch` requests at a time: a worker thread per slot runs generations in arrival order.
 
+With one slot, requests are decoded one after another. With more (and a build that can batch:
+decoding/batched_engine.py), each worker decodes on its own engine view and their model calls run
+together (continuous batching, decoding/batching.py); a finished request frees its slot at once.
 Requests wait in a bounded queue; a full queue is refused at once (the caller answers 503). Each
 job carries a cancel flag: the decoding loop checks it after every verify step, so a client that
 disconnects frees the engine at the next step, and a job cancelled while waiting never starts.
@@ -53,20 +56,35 @@ class Job:
 
 
 class Scheduler:
-    def __init__(self, engine: Any, queue_size: int, metrics: Any, mode: str = "dflash") -> None:
+    def __init__(self, engine: Any, queue_size: int, metrics: Any, mode: str = "dflash", max_batch: int = 1) -> None:
         self.engine, self.queue_size, self.metrics, self.mode = engine, queue_size, metrics, mode
+        self.views, self.batcher, self.batch_refusal = [engine], None, None
+        if max_batch > 1:
+            from dflash_cli.decoding.batched_engine import affordable_slots, batched_views, batching_refusal
+
+            self.batch_refusal = batching_refusal(engine)
+            fits = affordable_slots(engine, max_batch) if self.batch_refusal is None else 1
+            if self.batch_refusal is None and fits < max_batch:
+                self.batch_refusal = f"{max_batch} at once do not fit in memory ({fits} do)"
+            if fits > 1:
+                self.views, self.batcher = batched_views(engine, fits)
+        self.slots = len(self.views)
         self._jobs: queue.Queue[Job | None] = queue.Queue()
         self._lock = threading.Lock()
         self.waiting = 0
         self.running = 0
         self._live: set[Job] = set()  # submitted and not yet answered by their handler
         self.closing = False  # set when shutdown begins: new requests get 503
-        self._thread = threading.Thread(target=self._work, name="dflash-engine", daemon=True)
-        self._thread.start()
+        self._threads = [
+            threading.Thread(target=self._work, args=(slot,), name=f"dflash-engine-{slot}", daemon=True)
+            for slot in range(self.slots)
+        ]
+        for t in self._threads:
+            t.start()
 
     def submit(self, job: Job) -> None:
         with self._lock:
-            if self.running + self.waiting >= 1 + self.queue_size:
+            if self.running + self.waiting >= self.slots + self.queue_size:
                 raise QueueFull
             self.waiting += 1
             self._live.add(job)
@@ -92,10 +110,14 @@ class Scheduler:
             return self.running, self.waiting
 
     def close(self, timeout: float = 5.0) -> None:
-        self._jobs.put(None)
-        self._thread.join(timeout)
+        for _ in self._threads:
+            self._jobs.put(None)
+        for t in self._threads:
+            t.join(timeout)
+        if self.batcher is not None:
+            self.batcher.close()
 
-    def _work(self) -> None:
+    def _work(self, slot: int) -> None:
         while True:
             job = self._jobs.get()
             if job is None:
@@ -108,7 +130,7 @@ class Scheduler:
                     self.metrics.count_finished("abort")
                     job.emit("done", None)
                     continue
-                outcome = self._generate(job)
+                outcome = self._generate(job, slot)
                 self.metrics.record(outcome.result, outcome.finish_reason)
                 job.emit("done", outcome)
             except DFlashError as exc:
@@ -122,9 +144,9 @@ class Scheduler:
                 with self._lock:
                     self.running -= 1
 
-    def _generate(self, job: Job) -> Outcome:
-        req = job.req
-        stream = TextStream(self.engine.decode, req.stop)  # only this thread uses the engine's tokenizer
+    def _generate(self, job: Job, slot: int) -> Outcome:
+        req, engine = job.req, self.views[slot]
+        stream = TextStream(engine.decode, req.stop)  # only this thread uses this view's tokenizer
 
         def on_commit(new: list[int]) -> str | None:
             delta = stream.push(new)
@@ -134,17 +156,23 @@ class Scheduler:
                 return "stop_string"
             return "cancelled" if job.cancel.is_set() else None
 
-        result = self.engine.generate(
-            job.prompt_ids,
-            mode=self.mode,
-            max_new_tokens=req.max_tokens,
-            temperature=req.temperature,
-            top_k=req.top_k,
-            top_p=req.top_p,
-            seed=req.seed,
-            on_commit=on_commit,
-            images=req.images,
-        )
+        if self.batcher is not None:
+            self.batcher.enter(slot)
+        try:
+            result = engine.generate(
+                job.prompt_ids,
+                mode=self.mode,
+                max_new_tokens=req.max_tokens,
+                temperature=req.temperature,
+                top_k=req.top_k,
+                top_p=req.top_p,
+                seed=req.seed,
+                on_commit=on_commit,
+                images=req.images,
+            )
+        finally:
+            if self.batcher is not None:
+                self.batcher.leave(slot)
         tail = stream.finish()
         if tail:
             job.emit("text", tail)

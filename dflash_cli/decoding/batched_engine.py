@@ -1,0 +1,91 @@
+"""Engine views that decode several requests at once (decoding/batching.py), and when a build cannot.
+
+`batched_views(engine, n)` gives n copies of the engine (own tokenizer each) whose target and draft are
+SlotSessions of one CallBatcher: a thread per request calls `view.generate(...)` as it would alone.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from dflash_cli.decoding.batching import CallBatcher, SlotSession
+
+
+def batching_refusal(engine: Any) -> str | None:
+    """Why this build decodes one request at a time, or None when it can batch."""
+    from dflash_cli.backends.ort_kv_inplace import OrtInPlaceKvSession
+    from dflash_cli.backends.ort_prefix import OrtPrefixSession
+
+    if engine.recipe.compile.backend != "ort":
+        return "batched calls run on ONNX Runtime (QAIC's continuous-batching bundle is not built yet)"
+    if engine.images is not None:
+        return "a vision-language target's calls carry one prompt's images"
+    if not isinstance(engine.target, OrtInPlaceKvSession):
+        return "the target is not the in-place-cache graph (compile.ort.fuse off, or its attention was not rewritten)"
+    if _batch_dim(engine.target) != "batch":
+        return "the target graph takes one sequence per call (built before batching: rebuild)"
+    if not isinstance(engine.draft, OrtPrefixSession) or _batch_dim(engine.draft) != "batch":
+        return "the draft's prefix-cache graph takes one sequence per call"
+    checked = engine.compile_facts.get("batch_invariance")
+    if checked is None or "skipped" in checked:
+        why = checked["skipped"] if checked else "not checked: the graphs were above the build's memory budget"
+        return f"the build did not check batch invariance ({why})"
+    if not checked["equal"]:
+        return "the build found a sequence's outputs changing with the others in its call (compile.json)"
+    return None
+
+
+def _batch_dim(session: Any):
+    return session._sess.get_inputs()[0].shape[0]
+
+
+def affordable_slots(engine: Any, slots: int) -> int:
+    """At most `slots`, fewer where memory is short: every batch size above one opens a session of its own,
+    a copy of the target's weights as ONNX Runtime packs them (+0.57 GiB each on the 0.6B-shaped int4 target),
+    and together they may take half of the memory available now."""
+    from dflash_cli.process_memory import available_bytes
+
+    free, each = available_bytes(), max(1, engine.weight_bytes["target"])
+    return slots if free is None else max(1, min(slots, 1 + (free // 2) // each))
+
+
+def batched_views(engine: Any, slots: int) -> tuple[list[Any], CallBatcher]:
+    """`slots` engine views sharing one CallBatcher (`batching_refusal` must have said None; `affordable_slots`
+    says how many fit)."""
+    from dflash_cli.backends.ort_batched import BatchedDraft, BatchedTarget
+
+    info = json.loads((engine.compile_dir / "export.json").read_text())
+    target = BatchedTarget(
+        engine.compile_dir / info["graphs"]["target_prefix"]["onnx"],
+        engine.ctx_len,
+        slots,
+        one=engine.target._sess,  # the session already open serves calls of one sequence
+        pad_single_rows=engine.target.pad_single_rows,
+        **_settings(engine, "target_prefix", info),
+    )
+    for n in range(2, slots + 1):  # open now (seconds each), not in the middle of someone's request
+        target.session(n)
+    draft_path = engine.compile_dir / info["graphs"]["draft_prefix"]["onnx"]
+    draft = BatchedDraft(draft_path, engine.ctx_len, slots, session=engine.draft._sess)
+    batcher = CallBatcher({"target": target, "draft": draft})
+    views = []
+    for slot in range(slots):
+        view = engine.with_own_tokenizer()
+        view.target = SlotSession(batcher, "target", slot)
+        view.draft = SlotSession(batcher, "draft", slot)
+        view._plain_target = None
+        views.append(view)
+    return views, batcher
+
+
+def _settings(engine: Any, graph: str, info: dict) -> dict:
+    from dflash_cli.backends.ort import OrtSettings
+
+    o = engine.recipe.compile.ort
+    path = engine.compile_dir / info["graphs"][graph]["onnx"]
+    shared = engine._tables.for_graph(path) if engine._tables is not None else None
+    return {
+        "settings": OrtSettings(o.intra_op_threads, o.graph_optimization, o.provider, o.allow_spinning),
+        "initializers": shared,
+    }
