@@ -53,6 +53,7 @@ def build_document(result: BenchResult, *, env: dict[str, Any] | None = None) ->
     for mode, summary in summaries.items():
         if summary.get("decode_speedup") is not None:
             summary["decode_speedup_bootstrap"] = speedup_interval(result, mode)
+            summary["decode_speedup_per_sample"] = speedup_per_sample(result, mode)
     dflash = summaries.get("dflash")
     repetition_source = BASELINE_MODE if BASELINE_MODE in summaries else result.modes[0]
     vllm_top = {}
@@ -168,6 +169,20 @@ def speedup_interval(result: BenchResult, mode: str) -> dict[str, Any]:
         return metrics.decode_speedup([b for b, _ in pairs], [c for _, c in pairs])
 
     return bootstrap(list(by_sample.values()), pooled)
+
+
+def speedup_per_sample(result: BenchResult, mode: str) -> dict[str, float]:
+    """Each sample's own pooled decode speedup of `mode` over plain (the distribution `--plot` draws)."""
+    by_sample: dict[str, list[tuple[GenerationResult, GenerationResult]]] = {}
+    for record in result.records:
+        if BASELINE_MODE in record.results and mode in record.results:
+            by_sample.setdefault(record.sample_id, []).append((record.results[BASELINE_MODE], record.results[mode]))
+    out = {}
+    for sample, pairs in by_sample.items():
+        value = metrics.decode_speedup([b for b, _ in pairs], [c for _, c in pairs])
+        if value is not None:
+            out[sample] = value
+    return out
 
 
 def tool_commit() -> str | None:

@@ -14,7 +14,20 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from dflash_cli.cli.bench_args import check_floor_modes, check_writable, parse_block_sizes, parse_modes
+from dflash_cli.bench.plot import write_plot
+from dflash_cli.cli.bench_args import (
+    ConcurrencyOpt,
+    EndpointOpt,
+    ModelOpt,
+    PlotOpt,
+    RequestRateOpt,
+    TimeoutOpt,
+    check_floor_modes,
+    check_writable,
+    parse_block_sizes,
+    parse_levels,
+    parse_modes,
+)
 from dflash_cli.cli.common import (
     CacheDirOpt,
     JsonOpt,
@@ -140,28 +153,6 @@ CompareArgs = Annotated[
         show_default=False,
     ),
 ]
-EndpointOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--endpoint",
-        metavar="URL",
-        help="Benchmark an OpenAI-compatible server (vLLM, SGLang, dflash serve) instead of a local engine; "
-        "with --recipe too, greedy text is checked against that recipe's plain decoding.",
-    ),
-]
-ModelOpt = Annotated[
-    str | None, typer.Option("--model", help="With --endpoint: the model name to request (default: the first served).")
-]
-TimeoutOpt = Annotated[
-    float,
-    typer.Option(
-        "--timeout",
-        metavar="SECONDS",
-        min=0.001,
-        help="With --endpoint: fail a request when the server does not connect, or sends no bytes of its reply, "
-        "for SECONDS (an idle timeout, not a cap on the whole reply; default 60).",
-    ),
-]
 FORMATS = ("table", "md", "csv", "json")
 BlockSizesOpt = Annotated[
     str | None,
@@ -206,6 +197,9 @@ def bench_command(
     endpoint: EndpointOpt = None,
     model: ModelOpt = None,
     timeout: TimeoutOpt = 60.0,
+    concurrency: ConcurrencyOpt = None,
+    request_rate: RequestRateOpt = float("inf"),
+    plot: PlotOpt = None,
 ) -> None:
     from dflash_cli.bench import BenchSettings, load_dataset
     from dflash_cli.recipe import did_you_mean
@@ -227,7 +221,7 @@ def bench_command(
     mode_list = parse_modes(modes)
     sizes: list[int | None] = parse_block_sizes(block_sizes) if block_sizes else [None]
     check_floor_modes(mode_list, min_speedup, min_tau)
-    for path, flag in ((results, "--results"), (output, "--output")):
+    for path, flag in ((results, "--results"), (output, "--output"), (plot, "--plot")):
         if path is not None:
             check_writable(path, flag)
     samples = load_dataset(dataset, max_samples=max_samples, seed=seed)  # fail on a bad dataset before building
@@ -248,19 +242,22 @@ def bench_command(
         plain_best=plain_best,
     )
     if endpoint:
-        from dflash_cli.cli.bench_endpoint import bench_endpoint
+        from dflash_cli.cli.bench_endpoint import endpoint_command, finish_load
 
-        doc = bench_endpoint(
-            endpoint, model, samples, settings, recipe if recipe_given else None, set_, cache_dir, timeout=timeout
-        )
-        _finish({0: doc}, fmt=fmt, output=output, min_speedup=None, min_tau=min_tau)
+        ref = recipe if recipe_given else None
+        load = {"levels": parse_levels(concurrency), "request_rate": request_rate} if concurrency else None
+        doc = endpoint_command(endpoint, model, samples, settings, ref, set_, cache_dir, timeout, load)
+        if load is None:
+            _finish({0: doc}, fmt=fmt, output=output, min_speedup=None, min_tau=min_tau, plot=plot)
+        else:
+            finish_load(doc, fmt, output, plot, _write_json)
         return
     docs: dict[int, dict[str, Any]] = {}
     for size in sizes:
         overrides = [*(set_ or []), *([f"dflash.block_size={size}"] if size is not None else [])]
         block, doc = _bench_one(recipe, overrides, cache_dir, samples, settings, mode_list, results, resume, sweep=size)
         docs[block] = doc
-    _finish(docs, fmt=fmt, output=output, min_speedup=min_speedup, min_tau=min_tau)
+    _finish(docs, fmt=fmt, output=output, min_speedup=min_speedup, min_tau=min_tau, plot=plot)
 
 
 def _bench_one(
@@ -336,8 +333,9 @@ def _finish(
     output: Path | None,
     min_speedup: float | None,
     min_tau: float | None,
+    plot: Path | None = None,
 ) -> None:
-    """Report (tables, Markdown, CSV or JSON), write --output, then fail on mismatches (3) or floors (4)."""
+    """Report (tables, Markdown, CSV or JSON), write --output and --plot, then fail on mismatches (3) or floors (4)."""
     from dflash_cli.bench import build_sweep_document, check_floors, check_lossless
     from dflash_cli.bench.formats import to_csv, to_markdown
     from dflash_cli.bench.report import report_renderables
@@ -345,6 +343,8 @@ def _finish(
     doc = next(iter(docs.values())) if len(docs) == 1 else build_sweep_document(docs)
     if output is not None:
         _write_json(output, doc)
+    if plot is not None:
+        write_plot(doc, plot)
     if fmt == "json":
         print_json(doc)
     elif fmt in ("md", "csv"):

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
+
+import typer
 
 from dflash_cli.cli.common import err_console
 from dflash_cli.decoding.modes import ALIASES, MODES
@@ -63,3 +66,66 @@ def check_floor_modes(modes: tuple[str, ...], min_speedup: float | None, min_tau
         raise DFlashError("--min-speedup needs the plain and dflash modes", hint="add them to --modes")
     if min_tau is not None and "dflash" not in modes:
         raise DFlashError("--min-tau needs the dflash mode", hint="add dflash to --modes")
+
+
+ConcurrencyOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--concurrency",
+        metavar="N[,N...]",
+        help="With --endpoint: send the samples' first turns as up to N requests at once and report throughput "
+        "and latency percentiles (vllm bench serve's fields); several levels, e.g. 1,2,4,8, run one after another.",
+    ),
+]
+
+PlotOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--plot",
+        metavar="FILE",
+        help="Draw per-position acceptance, per-prompt speedups and (with --concurrency) load curves into FILE: "
+        ".html (self-contained) or .png (needs matplotlib: the `plot` extra).",
+    ),
+]
+
+
+def parse_levels(text: str) -> list[int]:
+    try:
+        levels = [int(part) for part in text.split(",")]
+    except ValueError:
+        levels = []
+    if not levels or any(n < 1 for n in levels):
+        raise DFlashError(f"invalid --concurrency {text!r}", hint="positive integers, e.g. --concurrency 1,2,4,8")
+    return levels
+
+
+RequestRateOpt = Annotated[
+    float,
+    typer.Option(
+        "--request-rate",
+        min=0.001,
+        help="With --concurrency: requests per second arriving as a Poisson process (seeded; default: all at once).",
+    ),
+]
+EndpointOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--endpoint",
+        metavar="URL",
+        help="Benchmark an OpenAI-compatible server (vLLM, SGLang, dflash serve) instead of a local engine; "
+        "with --recipe too, greedy text is checked against that recipe's plain decoding.",
+    ),
+]
+ModelOpt = Annotated[
+    str | None, typer.Option("--model", help="With --endpoint: the model name to request (default: the first served).")
+]
+TimeoutOpt = Annotated[
+    float,
+    typer.Option(
+        "--timeout",
+        metavar="SECONDS",
+        min=0.001,
+        help="With --endpoint: fail a request when the server does not connect, or sends no bytes of its reply, "
+        "for SECONDS (an idle timeout, not a cap on the whole reply; default 60).",
+    ),
+]
