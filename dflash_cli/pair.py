@@ -167,6 +167,11 @@ def draft_weight_shapes(draft_cfg: dict[str, Any], pair: PairInfo) -> dict[str, 
                 p + "post_attention_layernorm.weight": (hidden,),
             }
         )
+    from dflash_cli.modeling.dflash2_config import spec_of, weight_shapes
+
+    spec = spec_of(draft_cfg)
+    if spec is not None:
+        shapes |= weight_shapes(spec, hidden, pair.vocab_size, pair.num_draft_layers, pair.block_size)
     return shapes
 
 

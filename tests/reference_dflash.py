@@ -38,6 +38,7 @@ class EagerDraft:
         self.layer_ids = layer_ids or c["dflash_config"]["target_layer_ids"]
         self.mask_id = c["dflash_config"]["mask_token_id"]
         self.block = c["block_size"]
+        self.v2 = c.get("architectures") == ["DFlash2DraftModel"]
 
     def fused(self, hidden_states) -> torch.Tensor:
         feats = torch.cat([hidden_states[i + 1][0] for i in self.layer_ids], dim=-1)
@@ -53,6 +54,9 @@ class EagerDraft:
         for i in range(c["num_hidden_layers"]):
             w = lambda n, i=i: sd[f"layers.{i}.{n}"]  # noqa: E731
             h = _rms(x, w("input_layernorm.weight"), self.eps)
+            if self.v2:
+                h, after = self._conv_in(h, f"layers.{i}.attention_conv")
+                x_in = x
             q = _rms((h @ w("self_attn.q_proj.weight").T).view(-1, h_, d), w("self_attn.q_norm.weight"), self.eps)
             kv_in = torch.cat([ctx, h])
             k = _rms((kv_in @ w("self_attn.k_proj.weight").T).view(-1, kvh, d), w("self_attn.k_norm.weight"), self.eps)
@@ -60,12 +64,53 @@ class EagerDraft:
             q, k = _rope(q, bpos, self.theta), _rope(k, torch.cat([cpos, bpos]), self.theta)
             k, v = k.repeat_interleave(h_ // kvh, dim=1), v.repeat_interleave(h_ // kvh, dim=1)
             att = torch.softmax(torch.einsum("qhd,khd->hqk", q, k) / d**0.5, dim=-1)  # no mask at all
-            x = x + torch.einsum("hqk,khd->qhd", att, v).reshape(len(ids), -1) @ w("self_attn.o_proj.weight").T
+            attn = torch.einsum("hqk,khd->qhd", att, v).reshape(len(ids), -1) @ w("self_attn.o_proj.weight").T
+            x = x_in + after(attn) if self.v2 else x + attn
             h = _rms(x, w("post_attention_layernorm.weight"), self.eps)
+            if self.v2:
+                h, after = self._conv_in(h, f"layers.{i}.mlp_conv")
             gate, up = h @ w("mlp.gate_proj.weight").T, h @ w("mlp.up_proj.weight").T
-            x = x + (torch.nn.functional.silu(gate) * up) @ w("mlp.down_proj.weight").T
-        logits = _rms(x, sd["norm.weight"], self.eps) @ self.lm_head.T
+            mlp = (torch.nn.functional.silu(gate) * up) @ w("mlp.down_proj.weight").T
+            x = x + (after(mlp) if self.v2 else mlp)
+        normed = _rms(x, sd["norm.weight"], self.eps)
+        logits = normed @ self.lm_head.T
+        if self.v2:
+            return self._select(normed[1:], logits[1:], last)
         return logits[1:].argmax(-1).tolist()
+
+    # DFlash2 (SGLang's DFlash2DraftModel as published), row by row
+    def _conv_in(self, x, name):
+        """The sublayer's convolved input, and the function convolving its output."""
+        base, proj = self.sd[f"{name}.base_kernel"], self.sd[f"{name}.kernel_projection.weight"]
+        taps, hidden = base.shape[1], base.shape[2]
+        group = self.cfg["dflash_config"]["conv_group_size"]
+        delta = (x @ proj.T).view(x.shape[0], 2, taps, hidden // group)
+
+        def conv(y, side):
+            out = torch.zeros_like(y)
+            for row in range(y.shape[0]):
+                for t in range(taps):
+                    if row - t >= 0:
+                        coeff = base[side, t] + delta[row, side, t].repeat_interleave(group)
+                        out[row] += coeff * y[row - t]
+            return out
+
+        return conv(x, 0), lambda y: conv(y, 1)
+
+    def _select(self, hidden, logits, anchor):
+        dfc, sd = self.cfg["dflash_config"], self.sd
+        z = logits * dfc.get("output_multiplier", 1.0)
+        if dfc.get("final_logit_softcapping"):
+            z = torch.tanh(z / dfc["final_logit_softcapping"]) * dfc["final_logit_softcapping"]
+        top, cand = torch.topk(z, dfc["selector_top_k"], dim=-1)
+        pred, succ = sd["candidate_selector.predecessor_codebook"], sd["candidate_selector.successor_codebook"]
+        proj = hidden @ sd["candidate_selector.hidden_projection.weight"].T
+        prev, path = anchor, []
+        for s in range(cand.shape[0]):
+            scores = [float(top[s, j] + (pred[prev] * proj[s] * succ[cand[s, j]]).sum()) for j in range(cand.shape[1])]
+            prev = int(cand[s, max(range(len(scores)), key=lambda j: (scores[j], -j))])
+            path.append(prev)
+        return path
 
 
 @torch.no_grad()

@@ -56,16 +56,27 @@ class DraftAttention(nn.Module):
 
 
 class DraftLayer(nn.Module):
-    def __init__(self, hidden, heads, kv_heads, head_dim, intermediate, eps) -> None:
+    def __init__(self, hidden, heads, kv_heads, head_dim, intermediate, eps, dflash2=None) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(hidden, eps)
         self.self_attn = DraftAttention(hidden, heads, kv_heads, head_dim, eps)
         self.post_attention_layernorm = RMSNorm(hidden, eps)
         self.mlp = SwiGLU(hidden, intermediate)
+        if dflash2 is not None:  # DFlash2: a convolution along the block around each sublayer (dflash2.py)
+            from dflash_cli.modeling.dflash2 import GroupedConv
+
+            self.attention_conv = GroupedConv(hidden, dflash2)
+            self.mlp_conv = GroupedConv(hidden, dflash2)
+        self.dflash2 = dflash2 is not None
 
     def forward(self, x, cos, sin, ctx_k, ctx_v, visible):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, visible)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        if not self.dflash2:
+            x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, visible)
+            return x + self.mlp(self.post_attention_layernorm(x))
+        a, delta = self.attention_conv.prepare(self.input_layernorm(x))
+        x = x + self.attention_conv.finish(self.self_attn(a, cos, sin, ctx_k, ctx_v, visible), delta)
+        m, delta = self.mlp_conv.prepare(self.post_attention_layernorm(x))
+        return x + self.mlp_conv.finish(self.mlp(m), delta)
 
 
 class DFlashDraft(nn.Module):
@@ -75,10 +86,16 @@ class DFlashDraft(nn.Module):
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
         kv = c.num_key_value_heads or c.num_attention_heads
         self.hidden, self.kv_heads, self.head_dim = c.hidden_size, kv, head_dim
+        spec = getattr(c, "dflash2", None)  # a Dflash2Spec (loading.draft_config), None for a DFlash draft
         self.layers = nn.ModuleList(
-            DraftLayer(c.hidden_size, c.num_attention_heads, kv, head_dim, c.intermediate_size, c.rms_norm_eps)
+            DraftLayer(c.hidden_size, c.num_attention_heads, kv, head_dim, c.intermediate_size, c.rms_norm_eps, spec)
             for _ in range(c.num_hidden_layers)
         )
+        if spec is not None:
+            from dflash_cli.modeling.dflash2 import CandidateSelector
+
+            self.candidate_selector = CandidateSelector(c.hidden_size, vocab_size, spec)
+        self.dflash2 = spec is not None
         self.fc = nn.Linear(n_target_features * c.hidden_size, c.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
@@ -106,6 +123,14 @@ class DFlashDraft(nn.Module):
     def forward(self, block_ids, block_pos, ctx, ctx_pos, visible) -> torch.Tensor:
         """Logits of every block position given fused context (training and the eager reference)."""
         return self.lm_head(self.hidden_states(block_ids, block_pos, self.context_kv(ctx, ctx_pos), visible))
+
+    def propose(self, block_ids, h) -> tuple[torch.Tensor, torch.Tensor]:
+        """(tokens, logits) proposed for the block's positions after its first, from its final hidden states:
+        each position's argmax, or a DFlash2 draft's selector walk from the block's first token."""
+        logits = self.lm_head(h[:, 1:])
+        if not self.dflash2:
+            return torch.argmax(logits, dim=-1), logits
+        return self.candidate_selector.propose(h[:, 1:], logits, block_ids[:, 0]), logits
 
 
 class StaticCacheDraft(nn.Module):
@@ -150,8 +175,7 @@ class StaticCacheDraft(nn.Module):
         block_visible = torch.ones_like(cache_visible[..., : input_ids.shape[1]])
         visible = torch.cat([cache_visible, block_visible], dim=-1)[:, None]
         h = d.hidden_states(input_ids, position_ids, per_layer, visible)
-        logits = d.lm_head(h[:, 1:])
-        tokens = torch.argmax(logits, dim=-1)
+        tokens, logits = d.propose(input_ids, h)
         return (tokens, logits, *retained) if self.emit_logits else (tokens, *retained)
 
     @staticmethod

@@ -62,6 +62,9 @@ def draft_config(artifact_dir: Path, **overrides):
     raw = json.loads((artifact_dir / "draft" / "config.json").read_text())
     drop = ("model_type", "dflash_config", "auto_map", "dtype", "torch_dtype")
     cfg = Qwen3Config(**{k: v for k, v in raw.items() if k not in drop})
+    from dflash_cli.modeling.dflash2_config import spec_of
+
+    cfg.dflash2 = spec_of(raw)  # None for a DFlash draft
     for k, v in overrides.items():
         setattr(cfg, k, v)
     return cfg

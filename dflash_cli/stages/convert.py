@@ -194,6 +194,9 @@ def _check_layer_kinds(path: Path, cfg: dict[str, Any], role: str) -> None:
         allowed.add("linear_attention")
     if role == "target" and _family_has(cfg.get("model_type"), "sliding"):
         allowed.add("sliding_attention")
+    if role == "draft" and cfg.get("sliding_window"):
+        # a draft's window is taken only where it never binds (export checks it against ctx_len)
+        allowed.add("sliding_attention")
     other = [i for i, k in enumerate(kinds) if k not in allowed]
     if other:
         kind = kinds[other[0]]

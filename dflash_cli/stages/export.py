@@ -63,6 +63,9 @@ class ExportStage:
         pair = load_pair_info(src)
         B, P, C = pair["block_size"], e.prefill_seq_len, e.ctx_len
         problems = export_shape_problems(B, P, C)  # the recipe checked these unless the block is the draft's
+        from dflash_cli.modeling.dflash2_config import check_window
+
+        check_window(json.loads((src / "draft" / "config.json").read_text()), C)
         if problems:
             raise RecipeError(problems[0], hint="set export.prefill_seq_len / export.ctx_len in the recipe or by --set")
         if e.exporter == "torchscript" and e.dtype != "fp32":

@@ -1,0 +1,109 @@
+"""DFlash2 drafts (grouped convolution + candidate selector) through the whole pipeline: lossless greedy and
+same-seed sampled output, per-step proposals equal to an independent eager reading of the published model,
+and the refusals of what we do not compute."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tests.engines import mixed_prompts, open_engine
+from tests.fixtures.tiny_dflash2 import make_dflash2_pair
+
+MAX_NEW = 20
+CTX_LEN = 128  # the tiny pairs' recipes
+
+
+@pytest.fixture(scope="module", params=["qwen3", "llama"])
+def v2(request, tmp_path_factory):
+    root = tmp_path_factory.mktemp(f"dflash2_{request.param}")
+    # the Llama pair's draft has the published sliding window in every layer, as long as the build's ctx_len
+    extra = {"layer_types": ["sliding_attention"] * 2, "sliding_window": CTX_LEN} if request.param == "llama" else None
+    pair = make_dflash2_pair(root / "pair", request.param, extra=extra)
+    return pair, open_engine(pair, root / "build", export={"logits": True})  # logits: sampling
+
+
+def test_greedy_and_sampled_equal_plain(v2):
+    _, engine = v2
+    for i, prompt in enumerate(mixed_prompts(engine.tokenizer.vocab_size, n=30)):
+        plain = engine.generate(prompt, mode="plain", max_new_tokens=MAX_NEW)
+        dflash = engine.generate(prompt, mode="dflash", max_new_tokens=MAX_NEW)
+        assert dflash.tokens == plain.tokens, f"prompt {i}: greedy DFlash2 differs from plain"
+        if i % 3 == 0:
+            sampled = dict(max_new_tokens=MAX_NEW, temperature=0.8, top_p=0.95, seed=i)
+            want = engine.generate(prompt, mode="plain", **sampled).tokens
+            assert engine.generate(prompt, mode="dflash", **sampled).tokens == want, f"prompt {i}: sampled"
+
+
+def test_proposals_equal_eager_reference_and_the_selector_matters(v2):
+    from tests.reference_dflash import EagerDraft, reference_generate
+    from tests.test_reference_parity import run_toolchain
+
+    pair, engine = v2
+    layer_ids = json.loads((engine.export_dir / "pair.json").read_text())["target_layer_ids"]
+    rng = np.random.default_rng(11)
+    changed = steps = 0
+    plain_select = EagerDraft._select
+    for n in (3, 9, 17, 30):
+        prompt = list(map(int, rng.integers(2, engine.tokenizer.vocab_size, size=n)))
+        ours, our_props = run_toolchain(engine, prompt, 12)
+        ref_tokens, ref_props, ref_acc = reference_generate(
+            pair.target_dir, pair.draft_dir, prompt, 12, set(engine.eos_token_ids), layer_ids
+        )
+        assert our_props == ref_props
+        assert ours.tokens == ref_tokens and ours.accept_lengths == ref_acc
+        try:  # the same steps with each position's argmax instead of the selector's walk
+            EagerDraft._select = lambda self, hidden, logits, anchor: logits.argmax(-1).tolist()
+            _, argmax_props, _ = reference_generate(
+                pair.target_dir, pair.draft_dir, prompt, 12, set(engine.eos_token_ids), layer_ids
+            )
+        finally:
+            EagerDraft._select = plain_select
+        for a, b in zip(ref_props, argmax_props):
+            steps += 1
+            changed += a != b
+    assert changed > 0, f"the selector chose each position's argmax in all {steps} steps: the test would not see it"
+
+
+def test_export_validation_passed(v2):
+    _, engine = v2
+    checks = json.loads((engine.export_dir / "validation.json").read_text())
+    draft = [c for c in checks["checks"] if c["graph"] == "draft"]
+    assert checks["mode"] == "full" and any(c["output"] == "draft_tokens" for c in draft)
+    assert all(c["ok"] for c in draft)
+
+
+def _refused(tmp_path, extra=None, drop=(), **recipe):
+    from safetensors.torch import load_file, save_file
+
+    from tests.engines import build_recipe
+
+    pair = make_dflash2_pair(tmp_path / "pair", "qwen3", extra=extra)
+    if drop:
+        path = pair.draft_dir / "model.safetensors"
+        save_file({k: v for k, v in load_file(str(path)).items() if k not in drop}, str(path))
+    build_recipe(pair, tmp_path / "build", **recipe)
+
+
+def test_refuses_a_field_it_does_not_compute(tmp_path):
+    from dflash_cli.errors import CheckpointError
+
+    with pytest.raises(CheckpointError, match="attention_modes"):
+        _refused(tmp_path, extra={"dflash_config": {"attention_modes": ["kda", "gqa"]}})
+
+
+def test_refuses_a_selector_missing_from_the_weights(tmp_path):
+    from dflash_cli.errors import CheckpointError
+
+    with pytest.raises(CheckpointError, match="missing.*candidate_selector"):
+        _refused(tmp_path, drop={"candidate_selector.successor_codebook"})
+
+
+def test_refuses_a_window_that_would_bind(tmp_path):
+    from dflash_cli.errors import RecipeError
+
+    window = {"layer_types": ["sliding_attention"] * 2, "sliding_window": 64}
+    with pytest.raises(RecipeError, match="sliding window of 64.*ctx_len 128"):
+        _refused(tmp_path, extra=window)
