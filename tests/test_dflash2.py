@@ -20,7 +20,11 @@ CTX_LEN = 128  # the tiny pairs' recipes
 def v2(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(f"dflash2_{request.param}")
     # the Llama pair's draft has the published sliding window in every layer, as long as the build's ctx_len
-    extra = {"layer_types": ["sliding_attention"] * 2, "sliding_window": CTX_LEN} if request.param == "llama" else None
+    # and transforms its logits before the selector (softcap small enough to change this tiny model's scores)
+    extra = None
+    if request.param == "llama":
+        extra = {"layer_types": ["sliding_attention"] * 2, "sliding_window": CTX_LEN}
+        extra["dflash_config"] = {"output_multiplier": 2.0, "final_logit_softcapping": 0.5}
     pair = make_dflash2_pair(root / "pair", request.param, extra=extra)
     return pair, open_engine(pair, root / "build", export={"logits": True})  # logits: sampling
 
@@ -107,3 +111,27 @@ def test_refuses_a_window_that_would_bind(tmp_path):
     window = {"layer_types": ["sliding_attention"] * 2, "sliding_window": 64}
     with pytest.raises(RecipeError, match="sliding window of 64.*ctx_len 128"):
         _refused(tmp_path, extra=window)
+
+
+def test_qaic_bundle_takes_the_selector(tmp_path):
+    """`dflash compile --backend qaic --emit-script` on a DFlash2 pair: the draft graph passes the QAIC op check
+    (the selector's TopK, Gather and ArgMax, the softcap without Tanh) and keeps its static shapes."""
+    import onnx
+
+    from tests.engines import dflash_ok
+
+    extra = {"dflash_config": {"final_logit_softcapping": 0.5}}
+    pair = make_dflash2_pair(tmp_path / "pair", "qwen3", extra=extra)
+    recipe = str(pair.write_recipe(tmp_path / "recipe.yaml", export={"dtype": "fp16"}, compile={"backend": "qaic"}))
+    bundle = tmp_path / "bundle"
+    dflash_ok("compile", "-r", recipe, "--cache-dir", str(tmp_path / "cache"), "--emit-script", str(bundle))
+    graph = onnx.load(str(bundle / "draft.onnx"), load_external_data=False).graph
+    ops = {n.op_type for n in graph.node}
+    assert "TopK" in ops and "Tanh" not in ops
+    tokens = next(o for o in graph.output if o.name == "draft_tokens")
+    assert [d.dim_value for d in tokens.type.tensor_type.shape.dim] == [1, pair.block_size - 1]
+    from dflash_cli.readiness import readiness_report
+
+    export_dir = next((tmp_path / "cache").glob("artifacts/export/*/export.json")).parent
+    draft = next(g for g in readiness_report(export_dir).graphs if g.graph == "draft")
+    assert not draft.unsupported_ops and all(s.static for s in draft.shapes), draft

@@ -66,7 +66,8 @@ class CandidateSelector(nn.Module):
         if self.spec.output_multiplier != 1.0:
             z = z * self.spec.output_multiplier
         if self.spec.softcap is not None:
-            z = torch.tanh(z / self.spec.softcap) * self.spec.softcap
+            # cap * tanh(z / cap), written with Sigmoid (tanh(x) = 2 sigmoid(2x) - 1): Tanh is not on the QAIC op list
+            z = (2.0 * torch.sigmoid(z * (2.0 / self.spec.softcap)) - 1.0) * self.spec.softcap
         return z
 
     def propose(self, hidden: torch.Tensor, logits: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
