@@ -24,6 +24,7 @@ from typing import Any
 from dflash_cli import checkpoints as ckpt
 from dflash_cli.errors import CheckpointError
 from dflash_cli.pair import PAIR_FILE, PairInfo, draft_weight_shapes, resolve_pair
+from dflash_cli.speculators_format import IGNORED_TENSORS, as_zlab, is_speculators
 from dflash_cli.stages.base import StageContext
 from dflash_cli.text_path import VISION_CONFIG_FILE, text_config, text_weights, vision_config
 from dflash_cli.weights import WeightStore, link_or_copy, write_index
@@ -38,8 +39,9 @@ TOKENIZER_MARKERS = ("tokenizer.json", "tokenizer.model", "vocab.json")
 
 class ConvertStage:
     name = "convert"
-    # 3: the text path of multimodal checkpoints (Qwen3.5); 4: stacked experts (MoE); 5: Gemma 4, Qwen3.5's tower
-    version = 5
+    # 3: the text path of multimodal checkpoints (Qwen3.5); 4: stacked experts (MoE); 5: Gemma 4, Qwen3.5's tower;
+    # 6: DFlash2 drafts and speculators-format drafts
+    version = 6
     upstream: tuple[str, ...] = ()
     tools: tuple[str, ...] = ()  # reads headers and links files: only its own version matters
 
@@ -70,6 +72,8 @@ class ConvertStage:
 
         ctx.progress(f"reading draft headers from {draft_dir}")
         draft = WeightStore.open(draft_dir)
+        if is_speculators(described.draft_cfg):  # the verifier's own tensors it may carry are not the draft's
+            draft = WeightStore(draft.root, {k: r for k, r in draft.refs.items() if k not in IGNORED_TENSORS})
         expected = draft_weight_shapes(described.draft_cfg, pair)
         _check_draft_weights({n: r.shape for n, r in draft.refs.items()}, expected)
 
@@ -115,7 +119,7 @@ def describe(recipe: Any) -> Described:
     target_dir = ckpt.resolve_checkpoint_dir(recipe.target.path, "target")
     draft_dir = ckpt.resolve_checkpoint_dir(recipe.draft.path, "draft")
     raw_target_cfg = ckpt.load_config(target_dir)
-    draft_cfg = ckpt.load_config(draft_dir)
+    draft_cfg = as_zlab(ckpt.load_config(draft_dir), str(draft_dir / ckpt.CONFIG_FILE))  # speculators' format too
     _check_roles(target_dir, raw_target_cfg, draft_cfg)
     target_cfg = text_config(raw_target_cfg)
     _check_layer_kinds(target_dir, target_cfg, "target")

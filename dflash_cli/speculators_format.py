@@ -1,0 +1,106 @@
+"""DFlash drafts saved by vLLM's `speculators` library, read as the z-lab layout the later stages build from.
+
+A speculators config says `speculators_model_type: dflash` and keeps the draft layers' own config under
+`transformer_layer_config`; the pair fields sit at the top level: `block_size`, `mask_token_id`,
+`draft_vocab_size` and `aux_hidden_state_layer_ids`, which index the target's hidden states as Hugging Face
+counts them (0 is the embedding output, i the output of decoder layer i - 1), where z-lab's target_layer_ids
+count decoder layers. The layer weights have z-lab's names; the checkpoint may also hold the verifier's
+final norm (`verifier_norm.weight`), and a reduced vocabulary's own head with its maps (`lm_head.weight`,
+`d2t`, `t2d`). Whatever changes what the draft computes beyond that is refused by name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dflash_cli.errors import CheckpointError
+
+# tensors a speculators checkpoint may carry that a full-vocabulary draft does not use (the verifier's own)
+IGNORED_TENSORS = ("verifier_norm.weight", "verifier_lm_head.weight", "embed_tokens.weight", "lm_head.weight")
+_LAYER_FIELDS = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "rms_norm_eps",
+    "rope_theta",
+    "rope_parameters",
+    "rope_scaling",
+    "max_position_embeddings",
+    "vocab_size",
+    "layer_types",
+    "sliding_window",
+    "use_sliding_window",
+    "hidden_act",
+    "attention_bias",
+)
+
+
+def is_speculators(cfg: dict[str, Any]) -> bool:
+    return "speculators_model_type" in cfg
+
+
+def as_zlab(cfg: dict[str, Any], where: str) -> dict[str, Any]:
+    """The z-lab form of a speculators DFlash config (other configs unchanged)."""
+    if not is_speculators(cfg):
+        return cfg
+    kind = cfg.get("speculators_model_type")
+    if kind != "dflash":
+        raise CheckpointError(
+            f"draft is a speculators {kind!r} model, not a DFlash draft: {where}",
+            hint="point draft.path at a DFlash draft (z-lab's, or speculators' with speculators_model_type dflash)",
+        )
+    layer = cfg.get("transformer_layer_config")
+    if not isinstance(layer, dict):
+        raise CheckpointError(f"speculators config has no transformer_layer_config: {where}", hint=_DOWNLOAD)
+    _refuse_unsupported(cfg, layer, where)
+    aux = cfg.get("aux_hidden_state_layer_ids")
+    if not isinstance(aux, list) or not aux or not all(isinstance(i, int) and i >= 1 for i in aux):
+        raise CheckpointError(
+            f"speculators aux_hidden_state_layer_ids {aux!r} must list hidden-state indices >= 1 "
+            f"(0 is the embedding output, which dflash does not tap): {where}",
+            hint="set dflash.target_layer_ids in the recipe (decoder layer indices, counted from 0)",
+        )
+    out = {k: layer[k] for k in _LAYER_FIELDS if k in layer}
+    out |= {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "block_size": cfg.get("block_size"),
+        "dflash_config": {"target_layer_ids": [i - 1 for i in aux]}
+        | ({"mask_token_id": cfg["mask_token_id"]} if cfg.get("mask_token_id") is not None else {}),
+        "speculators_model_type": kind,  # kept: says where the config came from
+    }
+    return out
+
+
+_DOWNLOAD = "the checkpoint's config.json is incomplete; download it again"
+
+
+def _refuse_unsupported(cfg: dict[str, Any], layer: dict[str, Any], where: str) -> None:
+    def refuse(what: str, hint: str) -> None:
+        raise CheckpointError(f"speculators DFlash draft has {what}, which dflash does not compute: {where}", hint=hint)
+
+    other = "use a z-lab format DFlash draft, or a speculators DFlash draft without it"
+    if cfg.get("projector_type", "dflash") != "dflash":
+        refuse(f"projector_type {cfg['projector_type']!r}", other)
+    if cfg.get("sample_from_anchor"):
+        refuse("sample_from_anchor: true (a proposal at the anchor's own position)", other)
+    if cfg.get("shift_label"):
+        refuse("shift_label: true (predictions shifted by one position)", other)
+    hidden = layer.get("hidden_size")
+    if cfg.get("target_hidden_size") not in (None, hidden):
+        refuse(f"target_hidden_size {cfg['target_hidden_size']} (the draft's hidden size is {hidden})", other)
+    vocab, draft_vocab = layer.get("vocab_size"), cfg.get("draft_vocab_size")
+    if draft_vocab is not None and draft_vocab != vocab:
+        refuse(
+            f"a reduced draft vocabulary (draft_vocab_size {draft_vocab} of the target's {vocab})",
+            "use a draft trained over the target's whole vocabulary",
+        )
+    kinds = layer.get("layer_types") or []
+    if "sliding_attention" in kinds and not cfg.get("sliding_window_non_causal"):
+        refuse(
+            "sliding-window layers that are causal within the block (sliding_window_non_causal: false)",
+            "use a draft whose blocks are bidirectional in every layer",
+        )
