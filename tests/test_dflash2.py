@@ -135,3 +135,16 @@ def test_qaic_bundle_takes_the_selector(tmp_path):
     export_dir = next((tmp_path / "cache").glob("artifacts/export/*/export.json")).parent
     draft = next(g for g in readiness_report(export_dir).graphs if g.graph == "draft")
     assert not draft.unsupported_ops and all(s.static for s in draft.shapes), draft
+
+
+def test_batched_proposals_equal_each_request_alone(v2):
+    """Served together (one draft call for several sequences), every request decodes as it does alone and
+    the draft calls really carried several sequences (the selector walks each row from its own anchor)."""
+    from tests.test_batching import run_together
+
+    _, engine = v2
+    prompts = mixed_prompts(engine.tokenizer.vocab_size, n=16, seed=5)
+    alone = [engine.generate(p, mode="dflash", max_new_tokens=MAX_NEW).tokens for p in prompts]
+    together, batcher = run_together(engine, prompts, mode="dflash", max_new_tokens=MAX_NEW)
+    assert [r.tokens for r in together] == alone
+    assert batcher.stats.mean("draft") > 1.0
