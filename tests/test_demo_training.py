@@ -72,6 +72,19 @@ def test_target_and_draft_training_loops(tmp_path):
     assert {"fc.weight", "hidden_norm.weight", "norm.weight", "layers.0.self_attn.q_proj.weight"} <= keys
     assert not any(k.startswith(("embed_tokens", "lm_head", "model.")) for k in keys)
 
+    # A DFlash2 draft: its convolution and selector saved under the published names, and trained (the
+    # successor codebook starts at zero, which leaves the walk at each position's argmax)
+    v2 = tmp_path / "draft-v2"
+    v2_args = ["--dflash2", "--selector-rank", "8", "--selector-top-k", "4"]
+    train_draft.main(
+        ["--work-dir", str(tmp_path / "work-v2"), "--target", str(target), "--out", str(v2), *draft_args, *v2_args]
+    )
+    cfg2 = json.loads((v2 / "config.json").read_text())
+    assert cfg2["architectures"] == ["DFlash2DraftModel"] and cfg2["dflash_config"]["selector_top_k"] == 4
+    with safe_open(str(v2 / "model.safetensors"), "pt") as f:
+        assert {"layers.1.mlp_conv.base_kernel", "candidate_selector.predecessor_codebook"} <= set(f.keys())
+        assert f.get_tensor("candidate_selector.successor_codebook").abs().sum() > 0
+
     # Continued runs: the target from its saved weights (fresh optimizer, own checkpoint), the draft warm-started.
     target2, draft2 = tmp_path / "target2", tmp_path / "draft2"
     cont = [*common[:2], "--out", str(target2), *common[4:], "--init-from", str(target), "--run-name", "cont"]

@@ -22,7 +22,9 @@ from dflash_cli.demo.distill import generate_continuations
 from dflash_cli.modeling.draft import DFlashDraft
 
 
-def draft_config(target_cfg: dict, *, layers: int, block_size: int, layer_ids: list[int], mask_id: int) -> dict:
+def draft_config(
+    target_cfg: dict, *, layers: int, block_size: int, layer_ids: list[int], mask_id: int, dflash2: dict | None = None
+) -> dict:
     keep = [
         "hidden_size",
         "num_attention_heads",
@@ -48,6 +50,9 @@ def draft_config(target_cfg: dict, *, layers: int, block_size: int, layer_ids: l
         torch_dtype="float32",
         rope_theta=target_cfg.get("rope_parameters", {}).get("rope_theta", 10000.0),
     )
+    if dflash2:  # a DFlash2 draft: the published convolution, the selector at the given rank and top-k
+        cfg["architectures"] = ["DFlash2DraftModel"]
+        cfg["dflash_config"] |= {"conv_kernel_size": 2, "conv_group_size": 16, **dflash2}
     return cfg
 
 
@@ -113,6 +118,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--init-from", type=Path, help="start from this z-lab-format draft (e.g. one trained for an earlier target)"
     )
+    ap.add_argument("--dflash2", action="store_true", help="a DFlash2 draft (block convolution, candidate selector)")
+    ap.add_argument("--selector-rank", type=int, default=64)
+    ap.add_argument("--selector-top-k", type=int, default=16)
+    ap.add_argument("--selector-alpha", type=float, default=1.0, help="weight of the selector's loss")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -173,12 +182,21 @@ def main(argv: list[str] | None = None) -> None:
             + "\n"
         )
 
-    cfg = draft_config(tcfg, layers=args.layers, block_size=args.block_size, layer_ids=layer_ids, mask_id=mask_id)
+    v2 = {"selector_rank": args.selector_rank, "selector_top_k": args.selector_top_k} if args.dflash2 else None
+    cfg = draft_config(
+        tcfg, layers=args.layers, block_size=args.block_size, layer_ids=layer_ids, mask_id=mask_id, dflash2=v2
+    )
     from transformers import Qwen3Config
 
+    from dflash_cli.demo.selector_loss import init_dflash2, selector_loss, walked
+    from dflash_cli.modeling.dflash2_config import spec_of
+
     hf_cfg = Qwen3Config(**{k: v for k, v in cfg.items() if k not in ("model_type", "dflash_config")})
+    hf_cfg.dflash2 = spec_of(cfg)
     torch.manual_seed(args.seed)
     draft = DFlashDraft(hf_cfg, len(layer_ids), tcfg["vocab_size"])
+    if args.dflash2:
+        init_dflash2(draft)
     if args.init_from:
         load_draft_weights(draft, args.init_from)
     draft.embed_tokens.weight.data.copy_(target.get_input_embeddings().weight)
@@ -205,13 +223,23 @@ def main(argv: list[str] | None = None) -> None:
             list(seqs), [pl] * len(seqs), args.anchors, args.block_size, mask_id, rng
         )
         ctx_pos = torch.arange(x.shape[1])[None].expand(x.shape[0], -1)
-        logits = draft(ids, pos, draft.fuse(feats), ctx_pos, visible)
+        fused = draft.fuse(feats)
+        hidden = draft.hidden_states(ids, pos, draft.context_kv(fused, ctx_pos), visible)
+        logits = draft.lm_head(hidden)
         ce = torch.nn.functional.cross_entropy(
             logits.reshape(-1, logits.size(-1)), labels.reshape(-1), reduction="none"
         )
         w = weights.repeat(ids.shape[1] // args.block_size)[None].expand_as(ids).reshape(-1)
         loss = (ce * w).sum() / w.sum()
-        hit = (logits.argmax(-1) == labels).reshape(-1, args.block_size)[:, 1:]
+        B = args.block_size
+        if args.dflash2:  # the selector's own loss, and its walk is what a verify step sees
+            sel = draft.candidate_selector
+            loss = loss + args.selector_alpha * selector_loss(sel, hidden, logits, labels, B, weights)
+            with torch.no_grad():
+                proposed = walked(sel, hidden, logits, labels, B).reshape(-1, B - 1)
+            hit = proposed == labels.reshape(-1, B)[:, 1:]
+        else:
+            hit = (logits.argmax(-1) == labels).reshape(-1, B)[:, 1:]
         accept = torch.cumprod(hit.int(), dim=1).sum(1).float() + 1  # tokens a verify step would commit
         return loss, accept.mean().item()
 

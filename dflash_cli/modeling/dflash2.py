@@ -25,14 +25,18 @@ from dflash_cli.modeling.dflash2_config import Dflash2Spec
 class GroupedConv(nn.Module):
     """The dynamic depthwise convolution along the block around one sublayer."""
 
-    def __init__(self, hidden: int, spec: Dflash2Spec) -> None:
+    def __init__(self, hidden: int, spec: Dflash2Spec, block: int | None = None) -> None:
         super().__init__()
         self.taps, self.group_size, self.groups = spec.taps, spec.group_size, hidden // spec.group_size
+        self.block = block  # training lays several blocks along one row: each convolves on its own
         self.base_kernel = nn.Parameter(torch.zeros(2, spec.taps, hidden))
         self.kernel_projection = nn.Linear(hidden, 2 * spec.taps * self.groups, bias=False)
 
     def _convolve(self, x: torch.Tensor, delta: torch.Tensor, side: int) -> torch.Tensor:
         b, n, h = x.shape
+        if self.block and n != self.block:  # a row of n / block blocks (training); a draft call is one block
+            per = self._convolve(x.reshape(-1, self.block, h), delta.reshape(-1, self.block, *delta.shape[2:]), side)
+            return per.reshape(b, n, h)
         xg = x.view(b, n, self.groups, self.group_size)
         coeff = self.base_kernel[side].view(1, 1, self.taps, self.groups, self.group_size) + delta[..., None]
         out = coeff[:, :, 0] * xg

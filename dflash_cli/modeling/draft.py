@@ -56,7 +56,7 @@ class DraftAttention(nn.Module):
 
 
 class DraftLayer(nn.Module):
-    def __init__(self, hidden, heads, kv_heads, head_dim, intermediate, eps, dflash2=None) -> None:
+    def __init__(self, hidden, heads, kv_heads, head_dim, intermediate, eps, dflash2=None, block=None) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(hidden, eps)
         self.self_attn = DraftAttention(hidden, heads, kv_heads, head_dim, eps)
@@ -65,8 +65,8 @@ class DraftLayer(nn.Module):
         if dflash2 is not None:  # DFlash2: a convolution along the block around each sublayer (dflash2.py)
             from dflash_cli.modeling.dflash2 import GroupedConv
 
-            self.attention_conv = GroupedConv(hidden, dflash2)
-            self.mlp_conv = GroupedConv(hidden, dflash2)
+            self.attention_conv = GroupedConv(hidden, dflash2, block)
+            self.mlp_conv = GroupedConv(hidden, dflash2, block)
         self.dflash2 = dflash2 is not None
 
     def forward(self, x, cos, sin, ctx_k, ctx_v, visible):
@@ -87,8 +87,11 @@ class DFlashDraft(nn.Module):
         kv = c.num_key_value_heads or c.num_attention_heads
         self.hidden, self.kv_heads, self.head_dim = c.hidden_size, kv, head_dim
         spec = getattr(c, "dflash2", None)  # a Dflash2Spec (loading.draft_config), None for a DFlash draft
+        block = getattr(c, "block_size", None)
         self.layers = nn.ModuleList(
-            DraftLayer(c.hidden_size, c.num_attention_heads, kv, head_dim, c.intermediate_size, c.rms_norm_eps, spec)
+            DraftLayer(
+                c.hidden_size, c.num_attention_heads, kv, head_dim, c.intermediate_size, c.rms_norm_eps, spec, block
+            )
             for _ in range(c.num_hidden_layers)
         )
         if spec is not None:
