@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
 from tests.engines import mixed_prompts, open_engine
@@ -47,21 +46,21 @@ def test_proposals_equal_eager_reference_and_the_selector_matters(v2):
 
     pair, engine = v2
     layer_ids = json.loads((engine.export_dir / "pair.json").read_text())["target_layer_ids"]
-    rng = np.random.default_rng(11)
     changed = steps = 0
     plain_select = EagerDraft._select
-    for n in (3, 9, 17, 30):
-        prompt = list(map(int, rng.integers(2, engine.tokenizer.vocab_size, size=n)))
-        ours, our_props = run_toolchain(engine, prompt, 12)
+    for i, prompt in enumerate(mixed_prompts(engine.tokenizer.vocab_size, n=30, seed=11)):
+        ours, our_props = run_toolchain(engine, prompt, 10)
         ref_tokens, ref_props, ref_acc = reference_generate(
-            pair.target_dir, pair.draft_dir, prompt, 12, set(engine.eos_token_ids), layer_ids
+            pair.target_dir, pair.draft_dir, prompt, 10, set(engine.eos_token_ids), layer_ids
         )
-        assert our_props == ref_props
-        assert ours.tokens == ref_tokens and ours.accept_lengths == ref_acc
+        assert our_props == ref_props, f"prompt {i}"
+        assert ours.tokens == ref_tokens and ours.accept_lengths == ref_acc, f"prompt {i}"
+        if i % 5:
+            continue
         try:  # the same steps with each position's argmax instead of the selector's walk
             EagerDraft._select = lambda self, hidden, logits, anchor: logits.argmax(-1).tolist()
             _, argmax_props, _ = reference_generate(
-                pair.target_dir, pair.draft_dir, prompt, 12, set(engine.eos_token_ids), layer_ids
+                pair.target_dir, pair.draft_dir, prompt, 10, set(engine.eos_token_ids), layer_ids
             )
         finally:
             EagerDraft._select = plain_select
