@@ -5,9 +5,10 @@ top-k), on ONNX Runtime's CPU provider, random weights at the published shapes.
 
 The drafts have the z-lab layout (5 Qwen3 layers, block 16, five target taps, the target's tied
 embedding as lm_head) and, for DFlash2, the published DFlash2 parts (2-tap convolution in groups of 16,
-selector rank 256, top 16); the fused context (the target computes fc) is its input. Graphs are the static-cache draft graphs in fp32 at ctx_len 256, one call
-with 4 new context rows at position 100 (a decode step's accepted tokens); every round times each
-variant once, in turn, and the medians and ratios to DFlash are printed.
+selector rank 256, top 16); the fused context (the target computes fc) is its input. Graphs are the
+static-cache draft graphs in fp32 at ctx_len 256, one call with 4 new context rows at position 100 (a
+decode step's accepted tokens); every round times each variant once, in turn, and the medians and
+ratios to DFlash are printed.
 """
 
 from __future__ import annotations

@@ -190,3 +190,21 @@ def _call_or_note(batcher, errors) -> None:
         batcher.call(0, "target", {"input_ids": np.zeros((1, 1), np.int64)})
     except RuntimeError as exc:
         errors.append(exc)
+
+
+def test_batch_invariance_is_checked_where_the_other_checks_are_too_big(tiny_qwen3_pair, tmp_path, monkeypatch):
+    """A build whose graphs exceed the check budget (an fp32 build of a real pair) still checks what serving
+    several requests at once needs, so serve can batch it."""
+    import json
+    from pathlib import Path
+
+    import dflash_cli.ortcompile.checks as checks
+    from tests.engines import build_recipe
+
+    real = checks.graph_weight_bytes
+    big = lambda path: 10 << 30 if Path(path).stem in ("target", "draft") else real(path)  # noqa: E731
+    monkeypatch.setattr(checks, "graph_weight_bytes", big)  # the static graphs as an fp32 8B pair's
+    _, cache = build_recipe(tiny_qwen3_pair, tmp_path)
+    facts = json.loads(next((tmp_path / "cache").glob("artifacts/compile/*/compile.json")).read_text())
+    assert facts["checks"].startswith("skipped") and "batch invariance checked" in facts["checks"]
+    assert facts["batch_invariance"]["equal"] and facts["batch_invariance"]["sequences"] == 3

@@ -25,7 +25,9 @@ class CompileStage:
     # 5: stacked q/k/v, gate/up; 6: prefix-cache graphs share stacks; 7: call-length check; 8: GQA pads one-row calls;
     # 9: the call-length check covers the hybrid's verifies past the block; 10: SiLU as QuickGelu, q/k/v
     # padded once before their stacked Split; 11: a hybrid target's call-length check asks equal tokens only
-    version = 14  # 13: the embedding to GatherBlockQuantized; 14: per-sequence cache lengths (batched calls)
+    # 13: the embedding to GatherBlockQuantized; 14: per-sequence cache lengths (batched calls); 15: batch
+    # invariance checked also where the other checks are too big for memory
+    version = 15
     upstream = ("export",)
     tools: tuple[str, ...] = ("onnx", "onnxruntime")  # the QAIC SDK version is in key_fields
 
@@ -341,9 +343,12 @@ def _compile_ort(ctx: StageContext) -> dict[str, Any]:
             def check_call_length() -> None:
                 sess = open_prefix_session(prefix_graph, "target", info["ctx_len"], settings)
                 _check_call_length(sess, info, vocab, facts, ctx.progress)
+                del sess  # the batch check opens sessions of its own (and looks at memory first)
+                ctx.progress("checking batch invariance (serving several requests in one call)")
+                _check_batches(prefix_graph, info, vocab, settings, facts)
 
             _unfused_if_refused(check_call_length, "target_prefix", out, info, unfused, facts, ctx.progress)
-            facts["checks"] += "; call length checked"
+            facts["checks"] += "; call length and batch invariance checked"
     for keep in unfused.values():
         keep.unlink()
     shutil.copy2(src / "export.json", out / "export.json")
