@@ -147,3 +147,15 @@ def test_batched_proposals_equal_each_request_alone(v2):
     together, batcher = run_together(engine, prompts, mode="dflash", max_new_tokens=MAX_NEW)
     assert [r.tokens for r in together] == alone
     assert batcher.stats.mean("draft") > 1.0
+
+
+@pytest.mark.parametrize("precision", ["int4", "fp16"])
+def test_quantised_and_half_builds_stay_lossless(tmp_path, precision):
+    """The selector's scores stay float32 in an fp16 graph; an int4 build quantises the draft's layers and
+    keeps the codebooks whole (gathered rows, not a MatMul)."""
+    pair = make_dflash2_pair(tmp_path / "pair", "qwen3", seed=3)
+    opts = {"compile": {"ort": {"precision": "int4"}}} if precision == "int4" else {"export": {"dtype": "fp16"}}
+    engine = open_engine(pair, tmp_path / "build", **opts)
+    for i, prompt in enumerate(mixed_prompts(engine.tokenizer.vocab_size, n=12, seed=4)):
+        plain = engine.generate(prompt, mode="plain", max_new_tokens=16).tokens
+        assert engine.generate(prompt, mode="dflash", max_new_tokens=16).tokens == plain, f"prompt {i}"
