@@ -1,6 +1,7 @@
 """DFlash drafts saved by vLLM's `speculators` library, read as the z-lab layout the later stages build from.
 
-A speculators config says `speculators_model_type: dflash` and keeps the draft layers' own config under
+A speculators config says `speculators_model_type: dflash` (or `dflash2`: a DFlash2 draft, its convolution
+and selector fields at the top level) and keeps the draft layers' own config under
 `transformer_layer_config`; the pair fields sit at the top level: `block_size`, `mask_token_id`,
 `draft_vocab_size` and `aux_hidden_state_layer_ids`, which index the target's hidden states as Hugging Face
 counts them (0 is the embedding output, i the output of decoder layer i - 1), where z-lab's target_layer_ids
@@ -47,7 +48,7 @@ def as_zlab(cfg: dict[str, Any], where: str) -> dict[str, Any]:
     if not is_speculators(cfg):
         return cfg
     kind = cfg.get("speculators_model_type")
-    if kind != "dflash":
+    if kind not in ("dflash", "dflash2"):
         raise CheckpointError(
             f"draft is a speculators {kind!r} model, not a DFlash draft: {where}",
             hint="point draft.path at a DFlash draft (z-lab's, or speculators' with speculators_model_type dflash)",
@@ -64,15 +65,22 @@ def as_zlab(cfg: dict[str, Any], where: str) -> dict[str, Any]:
             hint="set dflash.target_layer_ids in the recipe (decoder layer indices, counted from 0)",
         )
     out = {k: layer[k] for k in _LAYER_FIELDS if k in layer}
+    dflash_config = {"target_layer_ids": [i - 1 for i in aux]}
+    if cfg.get("mask_token_id") is not None:
+        dflash_config["mask_token_id"] = cfg["mask_token_id"]
+    if kind == "dflash2":  # its convolution and selector fields, at the defaults speculators' config class has
+        dflash_config |= {k: cfg.get(k, default) for k, default in _DFLASH2_DEFAULTS.items()}
     out |= {
-        "architectures": ["DFlashDraftModel"],
+        "architectures": ["DFlash2DraftModel" if kind == "dflash2" else "DFlashDraftModel"],
         "model_type": "qwen3",
         "block_size": cfg.get("block_size"),
-        "dflash_config": {"target_layer_ids": [i - 1 for i in aux]}
-        | ({"mask_token_id": cfg["mask_token_id"]} if cfg.get("mask_token_id") is not None else {}),
+        "dflash_config": dflash_config,
         "speculators_model_type": kind,  # kept: says where the config came from
     }
     return out
+
+
+_DFLASH2_DEFAULTS = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 256, "selector_top_k": 16}
 
 
 _DOWNLOAD = "the checkpoint's config.json is incomplete; download it again"
@@ -99,7 +107,9 @@ def _refuse_unsupported(cfg: dict[str, Any], layer: dict[str, Any], where: str) 
             "use a draft trained over the target's whole vocabulary",
         )
     kinds = layer.get("layer_types") or []
-    if "sliding_attention" in kinds and not cfg.get("sliding_window_non_causal"):
+    # speculators' DFlash2 drafts are bidirectional in sliding layers unless they say otherwise; DFlash ones causal
+    non_causal = cfg.get("sliding_window_non_causal", cfg.get("speculators_model_type") == "dflash2")
+    if "sliding_attention" in kinds and not non_causal:
         refuse(
             "sliding-window layers that are causal within the block (sliding_window_non_causal: false)",
             "use a draft whose blocks are bidirectional in every layer",

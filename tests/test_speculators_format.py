@@ -47,6 +47,9 @@ def as_speculators(zlab_dir: Path, out_dir: Path, **fields) -> Path:
         "projector_type": "dflash",
         **fields,
     }
+    if z.get("architectures") == ["DFlash2DraftModel"]:  # speculators' DFlash2: its fields at the top level
+        cfg |= {"speculators_model_type": "dflash2", "architectures": ["DFlash2DraftModel"]}
+        cfg |= {k: v for k, v in z["dflash_config"].items() if k.startswith(("conv_", "selector_"))}
     (out_dir / "config.json").write_text(json.dumps(cfg, indent=2))
     tensors = load_file(str(zlab_dir / "model.safetensors"))
     tensors["verifier_norm.weight"] = torch.ones(z["hidden_size"])
@@ -116,3 +119,19 @@ def test_refuses_layers_causal_within_the_block(pairs, tmp_path):
     (draft / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError, match="causal within the block"):
         build_recipe(replace(zlab, draft_dir=draft), tmp_path / "build")
+
+
+def test_a_dflash2_draft_decodes_exactly_as_its_published_form(tmp_path):
+    from dataclasses import replace
+
+    from tests.engines import open_engine
+    from tests.fixtures.tiny_dflash2 import make_dflash2_pair
+
+    v2 = make_dflash2_pair(tmp_path / "pair", "qwen3", seed=1)
+    spec = replace(v2, draft_dir=as_speculators(v2.draft_dir, tmp_path / "speculators-draft"))
+    a, b = open_engine(v2, tmp_path / "v2"), open_engine(spec, tmp_path / "spec")
+    rng = np.random.default_rng(4)
+    for n in (3, 12, 26):
+        prompt = list(map(int, rng.integers(2, a.tokenizer.vocab_size, size=n)))
+        ra, rb = (e.generate(prompt, mode="dflash", max_new_tokens=16) for e in (a, b))
+        assert rb.tokens == ra.tokens and rb.accept_lengths == ra.accept_lengths
