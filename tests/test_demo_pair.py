@@ -56,3 +56,34 @@ def test_per_step_parity_with_eager_reference(demo_engine):
         ours, props = run_toolchain(demo_engine, ids, 24)
         ref_tokens, ref_props, ref_acc = reference_generate(TARGET, DRAFT, ids, 24, set(demo_engine.eos_token_ids))
         assert (ours.tokens, props, ours.accept_lengths) == (ref_tokens, ref_props, ref_acc)
+
+
+DRAFT2 = ROOT / "models" / "demo-draft2"
+
+
+@pytest.fixture(scope="module")
+def demo2_engine(tmp_path_factory):
+    from dflash_cli.cache import Cache
+    from dflash_cli.decoding.engine import build_engine
+    from dflash_cli.recipe import load_recipe
+
+    return build_engine(load_recipe("demo-dflash2"), Cache(tmp_path_factory.mktemp("demo2-cache")))
+
+
+def test_the_dflash2_demo_draft_is_lossless_accepts_and_matches_the_eager_reading(demo2_engine):
+    """The shipped DFlash2 draft (recipe demo-dflash2): trained weights through the whole pipeline."""
+    from tests.reference_dflash import reference_generate
+    from tests.test_reference_parity import run_toolchain
+
+    assert json.loads((DRAFT2 / "config.json").read_text())["architectures"] == ["DFlash2DraftModel"]
+    accepted = []
+    for ids in _prompts(demo2_engine, 6):
+        plain = demo2_engine.generate(ids, mode="plain", max_new_tokens=48)
+        dflash = demo2_engine.generate(ids, mode="dflash", max_new_tokens=48)
+        assert dflash.tokens == plain.tokens
+        accepted.append(dflash.tau)
+    assert sum(accepted) / len(accepted) > 1.5
+    for ids in _prompts(demo2_engine, 2):
+        ours, props = run_toolchain(demo2_engine, ids, 24)
+        ref_tokens, ref_props, ref_acc = reference_generate(TARGET, DRAFT2, ids, 24, set(demo2_engine.eos_token_ids))
+        assert (ours.tokens, props, ours.accept_lengths) == (ref_tokens, ref_props, ref_acc)
