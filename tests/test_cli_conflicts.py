@@ -209,21 +209,40 @@ def test_lm_head_rows_are_checked_too(tiny_llama_pair: TinyPair, tmp_path: Path)
     assert "differ too" in res.stderr
 
 
-# --- sliding-window layers (would be computed as full attention) --------------------------------
+# --- layers of a kind we do not compute (would be computed as full attention) ---------------------
 
 
 @pytest.mark.parametrize(
-    "role, edit",
+    "role, edit, kind",
     [
-        ("draft", {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 64}),
-        ("target", {"layer_types": None, "use_sliding_window": True, "sliding_window": 64, "max_window_layers": 2}),
+        ("draft", {"layer_types": ["linear_attention", "full_attention"]}, "linear_attention"),
+        ("draft", {"layer_types": ["sliding_attention", "full_attention"]}, "sliding_attention"),  # no window
+        (
+            "target",
+            {"layer_types": None, "use_sliding_window": True, "sliding_window": 64, "max_window_layers": 2},
+            "sliding_attention",
+        ),
     ],
 )
-def test_sliding_window_layers_are_refused_at_convert(
-    tiny_qwen3_pair: TinyPair, tmp_path: Path, role: str, edit: dict
+def test_layers_we_do_not_compute_are_refused_at_convert(
+    tiny_qwen3_pair: TinyPair, tmp_path: Path, role: str, edit: dict, kind: str
 ) -> None:
     pair = tiny_qwen3_pair.copy_to(tmp_path / "pair")
     config = (pair.draft_dir if role == "draft" else pair.target_dir) / "config.json"
     config.write_text(json.dumps({**json.loads(config.read_text()), **edit}))
     res = _build_convert(str(pair.write_recipe(tmp_path / "r.yaml")), tmp_path / "cache")
-    assert_one_error(res, 1, f"{role} layer", "sliding_attention", "only full attention is supported", str(config))
+    assert_one_error(res, 1, f"{role} layer", kind, "only full attention is supported", str(config))
+
+
+def test_a_draft_window_that_could_bind_is_refused_with_the_ctx_len_that_fits(
+    tiny_qwen3_pair: TinyPair, tmp_path: Path
+) -> None:
+    """A draft's sliding window is computed only where it never binds (DFlash2 drafts have one per layer)."""
+    pair = tiny_qwen3_pair.copy_to(tmp_path / "pair")
+    config = pair.draft_dir / "config.json"
+    edit = {"layer_types": ["sliding_attention", "sliding_attention"], "sliding_window": 64}
+    config.write_text(json.dumps({**json.loads(config.read_text()), **edit}))
+    recipe = str(pair.write_recipe(tmp_path / "r.yaml"))
+    res = invoke("build", "-r", recipe, "--cache-dir", str(tmp_path / "cache"), "--upto", "export")
+    assert_one_error(res, 1, "sliding window of 64 positions", "export.ctx_len 128")
+    assert "hint: set export.ctx_len to 64 or less" in res.stderr
