@@ -22,6 +22,7 @@ from dflash_cli.decoding.modes import MODES, canonical
 from dflash_cli.decoding.result import GenerationResult
 from dflash_cli.decoding.sampling import SamplingConfig
 from dflash_cli.decoding.target_calls import TimedSession, padded
+from dflash_cli.decoding.verify_length import VerifyBudget
 from dflash_cli.errors import BackendError, GenerationError
 from dflash_cli.vision_feeds import ImagePrompt
 
@@ -72,6 +73,7 @@ class Engine:
         self._draft = None  # opened on first use: plain decoding never loads the draft
         self._plain_target = None  # see open_plain_session
         self.hybrid_stats: HybridStats | None = None  # what hybrid steps have learnt on this engine
+        self.verify_budget: VerifyBudget | None = None  # what DFlash steps have learnt of verify lengths
         self.provider = getattr(self.target, "provider", backend)
         self.weight_bytes = {
             g: _weight_bytes(artifacts.compile, info["graphs"][g]["onnx"], backend) for g in ("target", "draft")
@@ -273,7 +275,12 @@ class Engine:
             return generate_plain(target, prompt_ids, self.prefill_len, cfg, on_commit)
         if mode in ("dflash", "hybrid"):
             self.draft.reset()
-            proposer = DFlashProposer(TimedSession(self.draft), self.block_size, self.mask_token_id, self.prefill_len)
+            budget = None
+            if mode == "dflash" and self.recipe.run.verify == "auto" and getattr(self.target, "variable_length", False):
+                self.verify_budget = budget = self.verify_budget or VerifyBudget(self.block_size)
+            proposer = DFlashProposer(
+                TimedSession(self.draft), self.block_size, self.mask_token_id, self.prefill_len, budget
+            )
             if mode == "hybrid":
                 variable = getattr(self.target, "variable_length", False)
                 proposer = HybridProposer(proposer, self.block_size, self.hybrid_stats, variable)

@@ -20,6 +20,7 @@ from dflash_cli.decoding.proposer import Proposer
 from dflash_cli.decoding.result import GenerationResult
 from dflash_cli.decoding.sampling import Sampler, SamplingConfig
 from dflash_cli.decoding.target_calls import TimedSession, padded, prefill
+from dflash_cli.decoding.verify_length import VerifyBudget
 
 if TYPE_CHECKING:
     from dflash_cli.decoding.prompt_lookup import PromptLookupDrafter
@@ -102,9 +103,16 @@ class DFlashProposer(Proposer):
 
     mode = "dflash"
 
-    def __init__(self, draft: TimedSession, block_size: int, mask_id: int, prefill_len: int) -> None:
+    def __init__(
+        self, draft: TimedSession, block_size: int, mask_id: int, prefill_len: int, verify: VerifyBudget | None = None
+    ) -> None:
         self.draft, self.block, self.mask_id, self.prefill_len = draft, block_size, mask_id, prefill_len
         self.longest = block_size  # the draft proposes one block
+        # Where set (a target that takes calls of any length): verify only as far as the draft's confidence
+        # makes worth the call (decoding/verify_length.py); None: always the whole block.
+        self.verify = verify
+        self._confidence: list[float] | None = None  # of the block drafted last, if the draft graph gives it
+        self._step: tuple[list[int], float] | None = None  # this step's proposal and start, for `verified`
 
     def start(self, prompt_features: np.ndarray, last: int, pos: int) -> None:
         """Ingest the prompt's context (prefill work, so it counts toward time to first token) and
@@ -118,8 +126,20 @@ class DFlashProposer(Proposer):
         self._pending.append((features, first_pos))
 
     def propose(self, history: list[int], last: int, pos: int, limit: int) -> list[int]:
+        started = time.perf_counter()
         ready, self._ready = self._ready, None
-        return ready if ready is not None else self._draft(last, pos)
+        proposal = ready if ready is not None else self._draft(last, pos)
+        if self.verify is not None and self._confidence is not None:
+            proposal = proposal[: self.verify.length(self._confidence[: limit - 1]) - 1]
+            self._step = (proposal, started)
+        return proposal
+
+    def verified(self, committed: list[int], verify_s: float) -> None:
+        if self._step is None:
+            return
+        proposal, started = self._step
+        self._step = None
+        self.verify.learn(self._confidence, proposal, committed, verify_s, time.perf_counter() - started)
 
     def skip(self) -> None:
         """Another drafter proposes this step: a block drafted ahead is stale."""
@@ -151,6 +171,8 @@ class DFlashProposer(Proposer):
                     {"input_ids": ids, "position_ids": bpos, "context_features": ctx, "context_position_ids": cpos}
                 )
         self._pending = []
+        confidence = result.get("draft_confidence")  # absent from graphs exported before revision 10
+        self._confidence = None if confidence is None else [float(p) for p in confidence[0]]
         return [int(t) for t in result["draft_tokens"][0]]
 
 

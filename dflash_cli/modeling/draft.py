@@ -136,6 +136,15 @@ class DFlashDraft(nn.Module):
         return self.candidate_selector.propose(h[:, 1:], logits, block_ids[:, 0]), logits
 
 
+def proposal_confidence(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """[b, B-1]: the draft's probability of each token it proposes (what the decoding loop weighs a position's
+    chance of acceptance by, decoding/verify_length.py). Softmax, then the chosen entries: both on the QAIC op
+    list (ReduceLogSumExp, which logsumexp exports to, is not)."""
+    if logits.dtype != torch.float32:  # a no-op cast trips the exporter (modeling/dflash2.py's _f32)
+        logits = logits.float()
+    return torch.gather(torch.softmax(logits, dim=-1), -1, tokens[..., None]).squeeze(-1)
+
+
 class StaticCacheDraft(nn.Module):
     """Export wrapper: forward(input_ids, position_ids, context_features, context_position_ids, *past).
 
@@ -179,7 +188,8 @@ class StaticCacheDraft(nn.Module):
         visible = torch.cat([cache_visible, block_visible], dim=-1)[:, None]
         h = d.hidden_states(input_ids, position_ids, per_layer, visible)
         tokens, logits = d.propose(input_ids, h)
-        return (tokens, logits, *retained) if self.emit_logits else (tokens, *retained)
+        confidence = proposal_confidence(logits, tokens)
+        return (tokens, confidence, logits, *retained) if self.emit_logits else (tokens, confidence, *retained)
 
     @staticmethod
     def _prefix_visible(past: torch.Tensor, ctx_pos: torch.Tensor) -> torch.Tensor:
@@ -197,6 +207,6 @@ class StaticCacheDraft(nn.Module):
 
     def io_names(self) -> tuple[list[str], list[str]]:
         cache_in = [f"past_{kv}.{i}" for i in range(len(self.draft.layers)) for kv in ("key", "value")]
-        head = ["draft_tokens", "draft_logits"] if self.emit_logits else ["draft_tokens"]
+        head = ["draft_tokens", "draft_confidence", *(["draft_logits"] if self.emit_logits else [])]
         inputs = ["input_ids", "position_ids", "context_features", "context_position_ids", *cache_in]
         return inputs, [*head, *cache_outputs(cache_in, self.prefix_cache)]

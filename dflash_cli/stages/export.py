@@ -30,8 +30,9 @@ FULL_VALIDATION_BYTES = 1 << 30  # float32 bytes of both graphs up to which the 
 # 6 = scalar fill values in Where (5 expanded full-size constants for the mask, V and the norm floor);
 # 7 = also the prefix-cache twins target_prefix.onnx / draft_prefix.onnx that ONNX Runtime runs;
 # 8 = grown from one traced decoder layer (exporting/replicate.py); equal initializers no longer merged;
-# 9 = the dense prefix graphs take a symbolic batch (several sequences per call).
-GRAPH_REVISION = 9
+# 9 = the dense prefix graphs take a symbolic batch (several sequences per call);
+# 10 = the draft also returns draft_confidence (its probability of each proposed token).
+GRAPH_REVISION = 10
 
 
 class ExportStage:

@@ -1,0 +1,91 @@
+"""DFlash with the whole block verified every step against verify lengths chosen by the draft's confidence.
+
+    python benchmarks/verify_length_ab.py --recipe demo [--samples 164] [--tokens 128] [--set K=V ...] [--out F.json]
+
+One engine; per HumanEval prompt, plain, DFlash `run.verify=block` and DFlash `run.verify=auto` back to back
+(the order rotating with the prompt, so drift hits all alike). Greedy: both DFlash runs must equal plain token
+for token (counted, and the script exits 1 on any mismatch). Reports per mode tau (tokens per verify), mean
+verify length, target seconds per step, total decode tokens/s, and the per-prompt geometric-mean speedup of
+`auto` over `block` with its 95% interval. The calibration and cost fit carry over from prompt to prompt, as
+on a server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+MODES = ("plain", "block", "auto")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--recipe", default="demo")
+    ap.add_argument("--samples", type=int, default=164)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--set", dest="overrides", action="append", default=[])
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+
+    from dflash_cli.bench.datasets import load_dataset
+    from dflash_cli.cache import Cache
+    from dflash_cli.decoding.engine import build_engine
+    from dflash_cli.recipe import load_recipe
+
+    recipe = load_recipe(args.recipe, args.overrides)
+    engine = build_engine(recipe, Cache())
+    variants = {v: recipe.model_copy(update={"run": recipe.run.model_copy(update={"verify": v})}) for v in MODES[1:]}
+    samples = load_dataset("humaneval", max_samples=args.samples)
+    rows, mismatches = [], 0
+    for k, sample in enumerate(samples):
+        ids = engine.encode_prompt(sample.turns[0])
+        order = MODES[k % 3 :] + MODES[: k % 3]
+        row = {}
+        for mode in order:
+            if mode != "plain":
+                engine.recipe = variants[mode]
+            r = engine.generate(ids, mode="plain" if mode == "plain" else "dflash", max_new_tokens=args.tokens)
+            row[mode] = r
+        for mode in MODES[1:]:
+            if row[mode].tokens != row["plain"].tokens:
+                mismatches += 1
+        rows.append(row)
+        if (k + 1) % 20 == 0:
+            print(f"{k + 1}/{len(samples)} prompts", flush=True)
+
+    report = {"recipe": args.recipe, "overrides": args.overrides, "samples": len(rows), "mismatches": mismatches}
+    for mode in MODES:
+        rs = [row[mode] for row in rows]
+        tokens = sum(len(r.tokens) for r in rs)
+        steps = sum(len(r.accept_lengths) for r in rs) or 1
+        report[mode] = {
+            "decode_tokens_per_s": round(tokens / sum(r.decode_s for r in rs), 1),
+            "tau": round(sum(sum(r.accept_lengths) for r in rs) / steps, 3),
+            "mean_verify_length": round(sum(sum(r.verify_lengths) for r in rs) / steps, 2),
+            "target_ms_per_step": round(1000 * sum(r.target_s for r in rs) / steps, 3),
+            "draft_ms_per_call": round(1000 * sum(r.draft_s for r in rs) / max(1, sum(r.draft_calls for r in rs)), 3),
+        }
+    for a, b in (("auto", "block"), ("auto", "plain"), ("block", "plain")):
+        logs = [math.log(row[b].decode_s / row[a].decode_s) for row in rows if row[a].decode_s > 0]
+        mean, se = statistics.mean(logs), statistics.stdev(logs) / math.sqrt(len(logs))
+        report[f"{a}_over_{b}"] = {
+            "total": round(report[a]["decode_tokens_per_s"] / report[b]["decode_tokens_per_s"], 3),
+            "geomean": round(math.exp(mean), 3),
+            "ci95": [round(math.exp(mean - 1.96 * se), 3), round(math.exp(mean + 1.96 * se), 3)],
+        }
+    print(json.dumps(report, indent=1))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1) + "\n")
+    sys.exit(1 if mismatches else 0)
+
+
+if __name__ == "__main__":
+    main()

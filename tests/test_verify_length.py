@@ -1,0 +1,104 @@
+"""DFlash verify lengths chosen from the draft's confidence: the choice, its calibration, and losslessness."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dflash_cli.decoding.verify_length import Calibration, VerifyBudget, choose_length, expected_committed
+
+MAX_NEW = 32
+
+
+def test_expected_committed_counts_the_target_token_and_proposals_accepted_in_a_row():
+    assert expected_committed([1.0, 1.0]) == [1.0, 2.0, 3.0]
+    assert expected_committed([0.5, 0.5]) == [1.0, 1.5, 1.75]
+    assert expected_committed([0.0, 1.0]) == [1.0, 1.0, 1.0]  # nothing past a sure rejection
+
+
+def test_choice_weighs_expected_tokens_against_the_verify_cost():
+    sure, unsure = [0.95] * 15, [0.9, 0.2] + [0.1] * 5
+    flat = lambda length: 0.01  # noqa: E731 - a verify costs the same whatever its length
+    steep = lambda length: 0.01 * length  # noqa: E731
+    assert choose_length(sure, flat, rate=100.0) == 16
+    assert choose_length(unsure, flat, rate=100.0) == 8  # free tokens are worth verifying however unlikely
+    # 1 token of verify costs rate * 0.01 = 1 token: only proposals more likely than that to land are worth it.
+    assert choose_length(unsure, steep, rate=100.0) == 1
+    assert choose_length(unsure, steep, rate=50.0) == 2  # half a token per position: the first proposal pays
+    assert choose_length(sure, steep, rate=50.0) == 14  # 0.95^k > 0.5 up to k = 13 proposals
+
+
+def test_nothing_timed_yet_verifies_the_whole_block():
+    assert choose_length([0.1] * 7, None, rate=10.0) == 8
+    assert choose_length([0.1] * 7, lambda length: 1.0, rate=None) == 8
+
+
+def test_calibration_learns_acceptance_per_confidence_bin():
+    cal = Calibration()
+    prior = cal.accept(0.95)
+    for _ in range(200):  # a draft that says 0.95 and is right a third of the time
+        cal.learn([0.95, 0.95, 0.95], [1, 2, 3], [1, 9])  # first accepted, second rejected, third not reached
+    assert prior == pytest.approx(0.95)  # before any verify: the draft's own probability
+    assert cal.accept(0.95) == pytest.approx((3.8 + 200) / (4 + 400))
+    assert cal.accept(0.05) == pytest.approx(0.05)  # other bins keep their prior
+
+
+def test_budget_shortens_verifies_once_long_ones_prove_costly():
+    budget = VerifyBudget(8)
+    conf = [0.9, 0.3, 0.1, 0.1, 0.1, 0.1, 0.1]
+    assert budget.length(conf) == 8  # nothing measured yet
+    for _ in range(50):  # verifies cost 1 ms per token; the draft's first proposal lands, the second never
+        budget.learn(conf, [1, 2, 3, 4, 5, 6, 7], [1, 0], verify_s=0.001 * 8, step_s=0.002 * 8)
+        budget.learn(conf, [1, 2], [1, 0], verify_s=0.001 * 3, step_s=0.002 * 3)
+    assert budget.length(conf) == 2
+
+
+def _with_verify(engine, verify: str):
+    old = engine.recipe
+    engine.recipe = old.model_copy(update={"run": old.run.model_copy(update={"verify": verify})})
+    return old
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+def test_any_verify_length_stays_lossless(family, request, monkeypatch):
+    """Whatever length the budget picks (here: random ones), greedy DFlash equals greedy plain."""
+    engine = request.getfixturevalue(f"{family}_engine")
+    assert getattr(engine.target, "variable_length", False)
+    rng = np.random.default_rng(5)
+    monkeypatch.setattr(VerifyBudget, "length", lambda self, conf: int(rng.integers(1, len(conf) + 2)))
+    seen = set()
+    old, engine.verify_budget = _with_verify(engine, "auto"), None
+    try:
+        prompts = rng.integers(2, engine.tokenizer.vocab_size, size=(12, 9))
+        for i, prompt in enumerate(prompts.tolist()):
+            plain = engine.generate(prompt, mode="plain", max_new_tokens=MAX_NEW)
+            dflash = engine.generate(prompt, mode="dflash", max_new_tokens=MAX_NEW)
+            assert dflash.tokens == plain.tokens, f"prompt {i}: dflash with truncated verifies differs from plain"
+            seen.update(dflash.verify_lengths)
+    finally:
+        engine.recipe, engine.verify_budget = old, None
+    assert 1 in seen and engine.block_size in seen and len(seen) > 2, seen
+
+
+def test_block_setting_verifies_the_whole_block(qwen3_engine):
+    old = _with_verify(qwen3_engine, "block")
+    try:
+        res = qwen3_engine.generate([5, 6, 7, 8], mode="dflash", max_new_tokens=MAX_NEW)
+    finally:
+        qwen3_engine.recipe = old
+    assert set(res.verify_lengths[:-1]) == {qwen3_engine.block_size}  # the last step may be cut by the length
+
+
+def test_draft_graph_reports_its_probability_of_each_proposal(qwen3_engine):
+    from dflash_cli.decoding.loops import DFlashProposer
+    from dflash_cli.decoding.target_calls import TimedSession, prefill
+
+    engine = qwen3_engine
+    engine.target.reset()
+    engine.draft.reset()
+    res = prefill(TimedSession(engine.target), [3, 4, 5, 6, 7], engine.prefill_len)
+    proposer = DFlashProposer(TimedSession(engine.draft), engine.block_size, engine.mask_token_id, engine.prefill_len)
+    proposer.start(res["context_features"], int(res["tokens"][-1]), 5)
+    conf = proposer._confidence
+    assert conf is not None and len(conf) == engine.block_size - 1
+    assert all(0.0 < p <= 1.0 for p in conf)
