@@ -208,3 +208,33 @@ def test_batch_invariance_is_checked_where_the_other_checks_are_too_big(tiny_qwe
     facts = json.loads(next((tmp_path / "cache").glob("artifacts/compile/*/compile.json")).read_text())
     assert facts["checks"].startswith("skipped") and "batch invariance checked" in facts["checks"]
     assert facts["batch_invariance"]["equal"] and facts["batch_invariance"]["sequences"] == 3
+
+
+@pytest.mark.parametrize("equal", [True, False])
+def test_serve_checks_batch_invariance_where_the_build_could_not(qwen3_engine, monkeypatch, equal):
+    """A build too big for its own batch check (an fp32 build of a real pair) is checked by `serve` on the
+    sessions it opens to batch: it batches where the check passes and serves one at a time where it fails."""
+    import dflash_cli.backends.batch_invariance as bi
+    from dflash_cli.serve.metrics import ServerMetrics
+    from dflash_cli.serve.scheduler import Scheduler
+
+    real, seen = bi.check_target, []
+
+    def check(target, B, vocab):
+        seen.append(target.slots)
+        return real(target, B, vocab) if equal else {"sequences": 3, "max_diff": {"tokens": 0.5}, "equal": False}
+
+    monkeypatch.setattr(bi, "check_target", check)
+    facts = dict(qwen3_engine.compile_facts)
+    monkeypatch.setattr(qwen3_engine, "compile_facts", {k: v for k, v in facts.items() if k != "batch_invariance"})
+    assert batching_refusal(qwen3_engine) is None  # not refused: checked at start instead
+    scheduler = Scheduler(qwen3_engine, 2, ServerMetrics("m", qwen3_engine.block_size), "dflash", max_batch=3)
+    try:
+        assert seen == [3]
+        if equal:
+            assert scheduler.slots == 3 and scheduler.batch_refusal is None
+            assert scheduler.batch_check["equal"] and scheduler.batch_check["sequences"] == 3
+        else:
+            assert scheduler.slots == 1 and "checked at start" in scheduler.batch_refusal
+    finally:
+        scheduler.close()

@@ -18,13 +18,19 @@ def batch_invariance(onnx_path: Path, info: dict, vocab_size: int, settings, pad
     """{"sequences": 3, "max_diff": {output: worst}, "equal": bool} (tokens: the fraction that differ)."""
     from dflash_cli.backends.ort_batched import BatchedTarget
 
-    B, ctx = info["block_size"], info["ctx_len"]
-    target = BatchedTarget(onnx_path, ctx, 3, settings, pad_single_rows=pad_single_rows)
+    target = BatchedTarget(onnx_path, info["ctx_len"], 3, settings, pad_single_rows=pad_single_rows)
+    return check_target(target, info["block_size"], vocab_size)
+
+
+def check_target(target, B: int, vocab_size: int) -> dict:
+    """The check on an open BatchedTarget (`dflash serve` checks the one it serves with where the build could
+    not afford to): 3 sequences, or 2 on a target of 2 slots. It writes their caches: run it before any request."""
+    ctx, n = target.ctx_len, min(3, target.slots)
     rng = np.random.default_rng(3)
-    prompts = [min(n, ctx // 4) for n in (B + 3, 2 * B, 5)]
+    prompts = [min(k, ctx // 4) for k in (B + 3, 2 * B, 5)]
     # Each step: every sequence's call length (prefill, verify blocks, one-token steps, a mixture).
-    steps = [prompts, [B, B, B], [1, 1, 1], [B, 1, B // 2 or 1], [3, B, 1]]
-    tokens = [rng.integers(0, vocab_size, size=sum(s[j] for s in steps), dtype=np.int64) for j in range(3)]
+    steps = [s[:n] for s in (prompts, [B, B, B], [1, 1, 1], [B, 1, B // 2 or 1], [3, B, 1])]
+    tokens = [rng.integers(0, vocab_size, size=sum(s[j] for s in steps), dtype=np.int64) for j in range(n)]
 
     def calls(j: int):
         pos = 0
@@ -33,13 +39,13 @@ def batch_invariance(onnx_path: Path, info: dict, vocab_size: int, settings, pad
             yield {"input_ids": tokens[j][None, pos : pos + n], "position_ids": np.arange(pos, pos + n)[None]}
             pos += n
 
-    alone = [[target.run([j], [feeds])[0] for feeds in calls(j)] for j in range(3)]
-    together: list[list[dict]] = [[], [], []]
-    for feeds in zip(*(calls(j) for j in range(3))):
-        for j, out in enumerate(target.run([0, 1, 2], list(feeds))):
+    alone = [[target.run([j], [feeds])[0] for feeds in calls(j)] for j in range(n)]
+    together: list[list[dict]] = [[] for _ in range(n)]
+    for feeds in zip(*(calls(j) for j in range(n))):
+        for j, out in enumerate(target.run(list(range(n)), list(feeds))):
             together[j].append(out)
     worst: dict[str, float] = {}
-    for j in range(3):
+    for j in range(n):
         for a, b in zip(alone[j], together[j]):
             for name, va in a.items():
                 vb = b[name]
@@ -48,4 +54,4 @@ def batch_invariance(onnx_path: Path, info: dict, vocab_size: int, settings, pad
                 else:
                     d = float(np.max(np.abs(va.astype(np.float64) - vb.astype(np.float64))))
                 worst[name] = max(worst.get(name, 0.0), d)
-    return {"sequences": 3, "max_diff": worst, "equal": all(v == 0.0 for v in worst.values())}
+    return {"sequences": n, "max_diff": worst, "equal": all(v == 0.0 for v in worst.values())}

@@ -72,7 +72,7 @@ class BatchedTarget:
 
         from dflash_cli.ortcompile.gqa import SPARE_SLOTS
 
-        self.path, self.ctx_len, self.pad_single_rows = Path(onnx_path), ctx_len, pad_single_rows
+        self.path, self.ctx_len, self.pad_single_rows, self.slots = Path(onnx_path), ctx_len, pad_single_rows, slots
         self._settings, self._initializers = settings, initializers
         self._model = onnx.load(str(onnx_path), load_external_data=False)
         self._sessions: dict[int, object] = {1: one} if one is not None else {}

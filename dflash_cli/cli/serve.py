@@ -112,6 +112,9 @@ def serve_command(
         max_batch=r.serve.max_batch if max_batch is None else max_batch,
     )
     scheduler = app.state.scheduler
+    if scheduler.batch_check is not None and scheduler.batch_check["equal"]:
+        note = "the build could not check batch invariance (memory); checked at start: equal"
+        err_console().print(f"note: {note}", markup=False, highlight=False)
     if scheduler.batch_refusal:
         err_console().print(f"note: batch {scheduler.slots}: {scheduler.batch_refusal}", markup=False, highlight=False)
     batch = f"batch {scheduler.slots}" if scheduler.slots > 1 else "one at a time"

@@ -13,7 +13,8 @@ from dflash_cli.decoding.batching import CallBatcher, SlotSession
 
 
 def batching_refusal(engine: Any) -> str | None:
-    """Why this build decodes one request at a time, or None when it can batch."""
+    """Why this build decodes one request at a time, or None when it can batch (maybe after `unchecked`'s
+    check at start)."""
     from dflash_cli.backends.ort_kv_inplace import OrtInPlaceKvSession
     from dflash_cli.backends.ort_prefix import OrtPrefixSession
 
@@ -28,12 +29,26 @@ def batching_refusal(engine: Any) -> str | None:
     if not isinstance(engine.draft, OrtPrefixSession) or _batch_dim(engine.draft) != "batch":
         return "the draft's prefix-cache graph takes one sequence per call"
     checked = engine.compile_facts.get("batch_invariance")
-    if checked is None or "skipped" in checked:
-        why = checked["skipped"] if checked else "not checked: the graphs were above the build's memory budget"
-        return f"the build did not check batch invariance ({why})"
-    if not checked["equal"]:
+    if checked is not None and "skipped" not in checked and not checked["equal"]:
         return "the build found a sequence's outputs changing with the others in its call (compile.json)"
     return None
+
+
+def unchecked(engine: Any) -> str | None:
+    """Why the build did not check batch invariance (its checks did not fit its memory budget), or None when
+    it did. Serving then checks it on the sessions it opens anyway (`check_at_start`)."""
+    checked = engine.compile_facts.get("batch_invariance")
+    if checked is None:
+        return "the graphs were above the build's memory budget"
+    return checked.get("skipped")
+
+
+def check_at_start(batcher: CallBatcher, engine: Any) -> dict:
+    """The build's batch-invariance check, on the batched target `batched_views` opened (before any request:
+    it writes the first slots' caches)."""
+    from dflash_cli.backends.batch_invariance import check_target
+
+    return check_target(batcher.graphs["target"], engine.block_size, engine.vocab_size)
 
 
 def _batch_dim(session: Any):

@@ -53,6 +53,7 @@ class Engine:
         self.prefill_len: int = info["prefill_seq_len"]
         self.emits_logits: bool = info.get("logits", False)
         self.mask_token_id: int = pair["mask_token_id"]
+        self.vocab_size: int = pair["vocab_size"]
         self.hidden_size: int = pair["hidden_size"]
         self.eos_token_ids: list[int] = list(pair.get("eos_token_ids") or [])
         self.tokenizer = AutoTokenizer.from_pretrained(str(artifacts.inject / "target"))

@@ -59,15 +59,9 @@ class Scheduler:
     def __init__(self, engine: Any, queue_size: int, metrics: Any, mode: str = "dflash", max_batch: int = 1) -> None:
         self.engine, self.queue_size, self.metrics, self.mode = engine, queue_size, metrics, mode
         self.views, self.batcher, self.batch_refusal = [engine], None, None
+        self.batch_check: dict | None = None  # batch invariance, where serving had to check it (the build could not)
         if max_batch > 1:
-            from dflash_cli.decoding.batched_engine import affordable_slots, batched_views, batching_refusal
-
-            self.batch_refusal = batching_refusal(engine)
-            fits = affordable_slots(engine, max_batch) if self.batch_refusal is None else 1
-            if self.batch_refusal is None and fits < max_batch:
-                self.batch_refusal = f"{max_batch} at once do not fit in memory ({fits} do)"
-            if fits > 1:
-                self.views, self.batcher = batched_views(engine, fits)
+            self._open_batch(engine, max_batch)
         self.slots = len(self.views)
         self._jobs: queue.Queue[Job | None] = queue.Queue()
         self._lock = threading.Lock()
@@ -81,6 +75,25 @@ class Scheduler:
         ]
         for t in self._threads:
             t.start()
+
+    def _open_batch(self, engine: Any, max_batch: int) -> None:
+        from dflash_cli.decoding import batched_engine as be
+
+        self.batch_refusal = be.batching_refusal(engine)
+        fits = be.affordable_slots(engine, max_batch) if self.batch_refusal is None else 1
+        if self.batch_refusal is None and fits < max_batch:
+            self.batch_refusal = f"{max_batch} at once do not fit in memory ({fits} do)"
+        if fits <= 1:
+            return
+        self.views, self.batcher = be.batched_views(engine, fits)
+        if be.unchecked(engine) is None:
+            return
+        # The build could not afford the check; serving holds these sessions anyway, so it checks them now.
+        self.batch_check = be.check_at_start(self.batcher, engine)
+        if not self.batch_check["equal"]:
+            self.batcher.close()
+            self.views, self.batcher = [engine], None
+            self.batch_refusal = "checked at start: a sequence's outputs changed with the others in its call"
 
     def submit(self, job: Job) -> None:
         with self._lock:
