@@ -1,6 +1,6 @@
 """OpenVINO against ONNX Runtime, per call, on the same exported graphs: T(B) for B = 1..16 and the draft call.
 
-    pip install openvino==2026.4.1 nncf==3.4.0      # into the venv that runs this; never a package dependency
+    PEERS_OPENVINO=1 bash benchmarks/peers_setup.sh   # OpenVINO + NNCF in the benchmark venv, never package deps
     python benchmarks/openvino_step_cost.py --export EXPORT_DIR --compile COMPILE_DIR [--ov-int4 GRAPH.onnx]
         [--filled 256] [--rounds 9] [--out F.json]
 

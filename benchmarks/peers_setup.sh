@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Benchmark venv for side-by-side runs against peer runtimes (never dflash dependencies):
 # dflash itself (editable) plus ONNX Runtime GenAI. llama.cpp (`llama-cpp-python`, ~20 minutes of
-# compiling on 2 cores) is added with PEERS_LLAMA_CPP=1.
+# compiling on 2 cores) is added with PEERS_LLAMA_CPP=1; OpenVINO and NNCF (benchmarks/openvino_step_cost.py)
+# with PEERS_OPENVINO=1.
 #
 #   bash benchmarks/peers_setup.sh            # -> .bench-venv (or $BENCH_VENV)
 set -euo pipefail
@@ -10,6 +11,9 @@ VENV=${BENCH_VENV:-.bench-venv}
 test -x "$VENV/bin/python" || python3 -m venv "$VENV"
 "$VENV/bin/pip" install -q torch==2.13.0
 "$VENV/bin/pip" install -q -e . onnxruntime-genai
+if [ "${PEERS_OPENVINO:-0}" = 1 ]; then
+  "$VENV/bin/pip" install -q openvino==2026.4.1 nncf==3.4.0
+fi
 LLAMA_ARG=""
 if [ "${PEERS_LLAMA_CPP:-0}" = 1 ]; then
   "$VENV/bin/pip" install -q llama-cpp-python gguf sentencepiece
