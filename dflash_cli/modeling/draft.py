@@ -138,11 +138,15 @@ class DFlashDraft(nn.Module):
 
 def proposal_confidence(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """[b, B-1]: the draft's probability of each token it proposes (what the decoding loop weighs a position's
-    chance of acceptance by, decoding/verify_length.py). Softmax, then the chosen entries: both on the QAIC op
-    list (ReduceLogSumExp, which logsumexp exports to, is not)."""
+    chance of acceptance by, decoding/verify_length.py). Written to stay finite in fp16 and on the QAIC op list
+    (TopK, Exp, ReduceMean; not ReduceLogSumExp or ReduceSum): exp(chosen - max) / V / mean(exp(logits - max)),
+    where every factor is at most 1 (ONNX Runtime's fp16 Softmax overflowed to NaN in the fp16 emulation)."""
     if logits.dtype != torch.float32:  # a no-op cast trips the exporter (modeling/dflash2.py's _f32)
         logits = logits.float()
-    return torch.gather(torch.softmax(logits, dim=-1), -1, tokens[..., None]).squeeze(-1)
+    top = torch.topk(logits, 1, dim=-1).values
+    chosen = torch.gather(logits, -1, tokens[..., None])
+    share = torch.exp(chosen - top) / logits.shape[-1]
+    return (share / torch.exp(logits - top).mean(dim=-1, keepdim=True)).squeeze(-1)
 
 
 class StaticCacheDraft(nn.Module):
