@@ -31,8 +31,9 @@ FULL_VALIDATION_BYTES = 1 << 30  # float32 bytes of both graphs up to which the 
 # 7 = also the prefix-cache twins target_prefix.onnx / draft_prefix.onnx that ONNX Runtime runs;
 # 8 = grown from one traced decoder layer (exporting/replicate.py); equal initializers no longer merged;
 # 9 = the dense prefix graphs take a symbolic batch (several sequences per call);
-# 10 = the draft also returns draft_confidence (its probability of each proposed token).
-GRAPH_REVISION = 10
+# 10 = the draft also returns draft_confidence (its probability of each proposed token), via logsumexp;
+# 11 = draft_confidence via TopK / Exp / ReduceMean (finite in fp16, on the QAIC op list).
+GRAPH_REVISION = 11
 
 
 class ExportStage:
