@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dflash_cli.exporting.options import CONFIDENCE_ATOL, CONFIDENCE_OUTPUT
 from dflash_cli.exporting.reduced import GRAPHS, TRACED_DIR, ReducedGraphs, ReducedPlan
 
 RTOL = {"fp32": 1e-3, "fp16": 2e-2}  # relative to the reference's largest magnitude (summation order, fp16 rounding)
@@ -51,6 +52,8 @@ def _diff(name: str, got: np.ndarray, ref: np.ndarray, dtype: str = "fp32") -> t
     # any tolerance, and float64 copies of every cache output cost more than the graphs' runs.
     got = got.astype(np.float32, copy=False)
     ref = ref.astype(np.float32, copy=False)
+    if name == CONFIDENCE_OUTPUT:
+        return float(np.max(np.abs(got - ref))), CONFIDENCE_ATOL[dtype]
     return float(np.max(np.abs(got - ref))), RTOL[dtype] * max(1.0, float(np.max(np.abs(ref))))
 
 

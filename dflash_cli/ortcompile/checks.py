@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from dflash_cli.errors import DFlashError
-from dflash_cli.exporting.options import LOOKUP_BLOCKS
+from dflash_cli.exporting.options import CONFIDENCE_ATOL, CONFIDENCE_OUTPUT, LOOKUP_BLOCKS
 
 INVARIANCE_RTOL = 1e-5  # relative to the largest magnitude; a same-shape call reruns the same kernels
 
@@ -198,6 +198,11 @@ def matches_reference(
             if np.issubdtype(want.dtype, np.integer):
                 diff = float(np.mean(have != want))
                 bad = diff > 0 and dtype == "fp32" and not quantized
+            elif (
+                name == CONFIDENCE_OUTPUT
+            ):  # a probability: an absolute bound (exporting/options.py), as tokens none quantized
+                diff = float(np.max(np.abs(have.astype(np.float64) - want.astype(np.float64))))
+                bad = diff > CONFIDENCE_ATOL.get(dtype, CONFIDENCE_ATOL["fp16"]) and not quantized
             else:
                 scale = max(1.0, float(np.abs(want).max()))
                 diff = float(np.max(np.abs(have.astype(np.float64) - want.astype(np.float64)))) / scale
