@@ -102,3 +102,26 @@ def test_draft_graph_reports_its_probability_of_each_proposal(qwen3_engine):
     conf = proposer._confidence
     assert conf is not None and len(conf) == engine.block_size - 1
     assert all(0.0 < p <= 1.0 for p in conf)
+
+
+def test_confidence_is_checked_to_an_absolute_bound():
+    """A probability moves by p(1-p) times its logit's error: its own bound, not the logits' relative one."""
+    from dflash_cli.exporting.options import CONFIDENCE_ATOL
+    from dflash_cli.exporting.validate import _diff
+
+    ref = np.array([[0.5, 0.9]], np.float32)
+    assert _diff("draft_confidence", ref + 0.01, ref) == pytest.approx((0.01, CONFIDENCE_ATOL["fp32"]))
+    assert _diff("context_features", ref + 0.01, ref)[1] < 0.01  # features keep the tight relative bound
+
+
+def test_confidence_matches_the_softmax():
+    import torch
+
+    from dflash_cli.modeling.draft import proposal_confidence
+
+    logits = torch.randn(2, 5, 300) * 6
+    tokens = torch.randint(0, 300, (2, 5))
+    want = torch.softmax(logits, -1).gather(-1, tokens[..., None]).squeeze(-1)
+    assert torch.allclose(proposal_confidence(logits, tokens), want, atol=1e-6)
+    big = proposal_confidence(logits * 40, logits.argmax(-1))  # exp of these would overflow even in float32
+    assert torch.isfinite(big).all() and (big <= 1).all()
