@@ -36,7 +36,8 @@ def small_vocab(tmp_path_factory):
     save_file(weights, str(target / "model.safetensors"), metadata={"format": "pt"})
     draft = write_dflash_draft(root / "draft", target, block_size=4, seed=3)
     pair = TinyPair("qwen3", target, draft, 4, 1)
-    engine = open_engine(pair, root, export={"logits": True})
+    # Whole-block verifies: the test needs proposals checked, not cut short by the verify-length choice.
+    engine = open_engine(pair, root, export={"logits": True}, run={"verify": "block"})
     return engine, target
 
 

@@ -71,7 +71,8 @@ def test_decodes_exactly_as_its_zlab_form(pairs, tmp_path):
     from tests.engines import open_engine
 
     zlab, spec = pairs
-    a, b = open_engine(zlab, tmp_path / "zlab"), open_engine(spec, tmp_path / "spec")
+    # Whole-block verifies: the chosen verify lengths follow timing, and this compares steps one to one.
+    a, b = (open_engine(p, tmp_path / d, run={"verify": "block"}) for p, d in ((zlab, "zlab"), (spec, "spec")))
     rng = np.random.default_rng(3)
     for n in (2, 9, 21, 33):
         prompt = list(map(int, rng.integers(2, a.tokenizer.vocab_size, size=n)))
@@ -129,7 +130,8 @@ def test_a_dflash2_draft_decodes_exactly_as_its_published_form(tmp_path):
 
     v2 = make_dflash2_pair(tmp_path / "pair", "qwen3", seed=1)
     spec = replace(v2, draft_dir=as_speculators(v2.draft_dir, tmp_path / "speculators-draft"))
-    a, b = open_engine(v2, tmp_path / "v2"), open_engine(spec, tmp_path / "spec")
+    # Whole-block verifies: the chosen verify lengths follow timing, and this compares steps one to one.
+    a, b = (open_engine(p, tmp_path / d, run={"verify": "block"}) for p, d in ((v2, "v2"), (spec, "spec")))
     rng = np.random.default_rng(4)
     for n in (3, 12, 26):
         prompt = list(map(int, rng.integers(2, a.tokenizer.vocab_size, size=n)))
