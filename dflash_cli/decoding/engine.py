@@ -16,8 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from dflash_cli.decoding.hybrid import HybridProposer, HybridStats
-from dflash_cli.decoding.loops import DFlashProposer, LookupProposer, LoopConfig, generate_plain, generate_speculative
+from dflash_cli.decoding.hybrid import HybridStats
+from dflash_cli.decoding.loops import LoopConfig, generate_plain, generate_speculative
+from dflash_cli.decoding.make_proposer import make_proposer
 from dflash_cli.decoding.modes import MODES, canonical
 from dflash_cli.decoding.result import GenerationResult
 from dflash_cli.decoding.sampling import SamplingConfig
@@ -274,22 +275,7 @@ class Engine:
         target = TimedSession(self.target)
         if mode == "plain":
             return generate_plain(target, prompt_ids, self.prefill_len, cfg, on_commit)
-        if mode in ("dflash", "hybrid"):
-            self.draft.reset()
-            budget = None
-            if mode == "dflash" and self.recipe.run.verify == "auto" and getattr(self.target, "variable_length", False):
-                self.verify_budget = budget = self.verify_budget or VerifyBudget(self.block_size)
-            proposer = DFlashProposer(
-                TimedSession(self.draft), self.block_size, self.mask_token_id, self.prefill_len, budget
-            )
-            if mode == "hybrid":
-                variable = getattr(self.target, "variable_length", False)
-                proposer = HybridProposer(proposer, self.block_size, self.hybrid_stats, variable)
-                self.hybrid_stats = proposer.stats  # later requests start from what this one learns
-        else:  # lookup
-            from dflash_cli.decoding.prompt_lookup import PromptLookupDrafter
-
-            proposer = LookupProposer(PromptLookupDrafter(self.block_size))
+        proposer = make_proposer(self, mode)
         return generate_speculative(target, proposer, prompt_ids, self.prefill_len, self.block_size, cfg, on_commit)
 
     def step_times(self, repeats: int = 20) -> dict[str, Any]:

@@ -52,9 +52,8 @@ def _diff(name: str, got: np.ndarray, ref: np.ndarray, dtype: str = "fp32") -> t
     # any tolerance, and float64 copies of every cache output cost more than the graphs' runs.
     got = got.astype(np.float32, copy=False)
     ref = ref.astype(np.float32, copy=False)
-    if name == CONFIDENCE_OUTPUT:
-        return float(np.max(np.abs(got - ref))), CONFIDENCE_ATOL[dtype]
-    return float(np.max(np.abs(got - ref))), RTOL[dtype] * max(1.0, float(np.max(np.abs(ref))))
+    tol = CONFIDENCE_ATOL[dtype] if name == CONFIDENCE_OUTPUT else RTOL[dtype] * max(1.0, float(np.max(np.abs(ref))))
+    return float(np.max(np.abs(got - ref))), tol
 
 
 def _session(onnx_path: Path):
