@@ -170,15 +170,10 @@ class DFlashProposer(Proposer):
                 # A call before the last only fills the cache (its block is drafted again): its block sits right
                 # after its context, so it sees no slot a later call has yet to write (on an accelerator those
                 # hold whatever the buffer held, NaN in the fp16 check, and its outputs would be NaN).
-                _, early = padded(block, first + s + len(part), self.block)
-                last = s + chunk >= len(feats)
+                final = s + chunk >= len(feats)
+                block_pos = bpos if final else padded(block, first + s + len(part), self.block)[1]
                 result = self.draft.run(
-                    {
-                        "input_ids": ids,
-                        "position_ids": bpos if last else early,
-                        "context_features": ctx,
-                        "context_position_ids": cpos,
-                    }
+                    {"input_ids": ids, "position_ids": block_pos, "context_features": ctx, "context_position_ids": cpos}
                 )
         self._pending = []
         confidence = result.get("draft_confidence")  # absent from graphs exported before revision 10
