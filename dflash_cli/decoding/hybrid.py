@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import time
 
+from dflash_cli.decoding.cost_line import CostLine
 from dflash_cli.decoding.prompt_lookup import PromptLookupDrafter
 from dflash_cli.decoding.proposer import Proposer
 from dflash_cli.exporting.options import LOOKUP_BLOCKS  # how far a lookup step may verify
@@ -45,7 +46,6 @@ PROPOSAL_NGRAM = 3
 SHRINK = 8.0
 PRIOR_WEIGHT = 2.0  # pseudo-steps behind each prior below, so a few real steps outweigh it
 RATE_MEMORY = 0.995  # per step, the weight older steps keep in the rate (a memory of ~200 steps)
-VERIFY_MEMORY = 0.995  # per verify, the weight older verify times keep in the cost fit
 
 
 class Survival:
@@ -106,9 +106,7 @@ class HybridStats:
         self.lookup = [Survival(self.longest, min(1 + n, block_size), 1 + n < block_size) for n in range(MAX_NGRAM + 1)]
         self.dflash = [Survival(block_size, (1 + block_size) // 2) for _ in range(MAX_NGRAM + 1)]
         self.t_draft = [0.0, 0]  # seconds, draft steps
-        self.t_verify = [[0.0, 0] for _ in range(self.longest + 1)]  # per verify length: seconds, calls
-        # Decayed sums for the affine fit seconds = a + b * length: weight, L, L^2, t, L*t.
-        self._fit = [0.0, 0.0, 0.0, 0.0, 0.0]
+        self.verify_cost = CostLine(self.longest)
         self.recent = [0.0, 0.0]  # tokens, seconds of hybrid steps, older ones decayed by RATE_MEMORY
 
     def rate(self) -> float | None:
@@ -133,31 +131,11 @@ class HybridStats:
         return None if line is None else line(length)
 
     def verify_line(self):
-        """Seconds of a verify as a function of its length (None before any verify was timed). Once two
-        lengths have been timed: a line fitted to every verify (seconds = a + b * length, older calls
-        decayed by VERIFY_MEMORY), because per-length means drift apart by where and when each length
-        happened to be chosen (a length tried a few times in a slow minute kept its bad mean for the
-        rest of a run). With one length timed: its mean, and below it a guess proportional to the
-        length and above it its cost (optimistic on purpose: they get tried)."""
-        seen = [(k, s / c) for k, (s, c) in enumerate(self.t_verify) if c]
-        if not seen:
-            return None
-        if len(seen) == 1:
-            k, t = seen[0]
-            return lambda length: t * length / k if length < k else t
-        w, sl, sll, st, slt = self._fit
-        var = w * sll - sl * sl
-        slope = (w * slt - sl * st) / var if var > 0 else 0.0
-        if slope <= 0:  # noise swamped the per-token cost: every length costs the mean
-            return lambda length: st / w
-        base = (st - slope * sl) / w
-        return lambda length: base + slope * length
+        """Seconds of a verify as a function of its length (None before any verify was timed): cost_line.py."""
+        return self.verify_cost.line()
 
     def add_verify(self, length: int, seconds: float) -> None:
-        self.t_verify[length][0] += seconds
-        self.t_verify[length][1] += 1
-        sample = (1.0, length, length * length, seconds, length * seconds)
-        self._fit = [VERIFY_MEMORY * old + new for old, new in zip(self._fit, sample)]
+        self.verify_cost.add(length, seconds)
 
 
 class HybridProposer(Proposer):
