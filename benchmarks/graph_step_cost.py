@@ -12,6 +12,8 @@ them for plain decoding (one spinning thread pool shared by all; one-token targe
 rows only where the build said so) and the variants' order rotating each round; also reports whether
 each variant's target outputs equal the first variant's. `--lengths`: target calls of these lengths
 too (the verify-cost curve T(B) / T(1); a mixture-of-experts target reads more experts as B grows).
+`--draft-rows`: draft calls of these many rows too (graph revision 12 on: a DFlash draft's prefix graph drafts
+any number of rows), and the break-even tau (T_draft(D) + T(D)) / T(1) of drafting and verifying D rows.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--as-run", action="store_true", help="shared spinning pool, padding as built, rotating order")
     ap.add_argument("--lengths", default="", help="comma-separated target call lengths to time as well")
+    ap.add_argument("--draft-rows", default="", help="comma-separated draft block lengths to time as well")
     args = ap.parse_args()
     if args.as_run:
         from dflash_cli.ort_threads import use_shared_thread_pool
@@ -85,7 +88,8 @@ def main() -> None:
     B = block.pop()
     rng = np.random.default_rng(0)
     lengths = sorted({1, B, *(int(n) for n in args.lengths.split(",") if n)})
-    keys = [f"T({n})" for n in lengths] + ["draft"]
+    rows = sorted({int(n) for n in args.draft_rows.split(",") if n} - {B})
+    keys = [f"T({n})" for n in lengths] + ["draft"] + [f"draft({n})" for n in rows]
     times: dict[str, dict[str, list[float]]] = {label: {k: [] for k in keys} for label in variants}
     for info, target, draft, _ in variants.values():  # fill the cache up to START, untimed
         target.reset()
@@ -122,6 +126,9 @@ def main() -> None:
                     call = {"input_ids": rng.integers(1, 100, (1, n)), "position_ids": np.arange(p, p + n)[None]}
                     times[label][f"T({n})"].append(timed(target, call))
             times[label]["draft"].append(timed(draft, ctx))
+            for n in rows:  # the same context, a shorter block
+                short = {**ctx, "input_ids": ctx["input_ids"][:, :n], "position_ids": ctx["position_ids"][:, :n]}
+                times[label][f"draft({n})"].append(timed(draft, short))
         for label in variants:
             same[label] &= all(np.array_equal(seen[label][k], seen[first][k]) for k in seen[first])
     doc = {"calls": args.calls, "start": args.start, "block_size": B, "lengths": lengths, "variants": {}}
@@ -130,8 +137,12 @@ def main() -> None:
         med = {k: statistics.median(v) * 1e3 for k, v in t.items()}
         ratio = {k: med[k] / (statistics.median(times[first][k]) * 1e3) for k in med}
         per_one = {k: med[k] / med["T(1)"] for k in med if k.startswith("T(")}
+        break_even = {
+            n: (med.get(f"draft({n})", med["draft"] if n == B else None), med.get(f"T({n})")) for n in [*rows, B]
+        }
         doc["variants"][label] = {
             "median_ms": med,
+            "break_even_tau": {n: round((d + t) / med["T(1)"], 3) for n, (d, t) in break_even.items() if d and t},
             "ratio_to_T1": per_one,
             "ratio_to_first": ratio,
             "outputs_equal_first": same[label],
@@ -146,6 +157,11 @@ def main() -> None:
         for label in variants:
             curve = doc["variants"][label]["ratio_to_T1"]
             print(f"{label:40s} T(B)/T(1): " + "  ".join(f"{k} {v:.2f}" for k, v in curve.items()))
+    for label in variants:
+        if rows:
+            even = doc["variants"][label]["break_even_tau"]
+            drafts = "  ".join(f"draft({n}) {doc['variants'][label]['median_ms'][f'draft({n})']:.1f}" for n in rows)
+            print(f"{label:40s} {drafts}  break-even tau by rows: " + "  ".join(f"{n}: {v:.2f}" for n, v in even.items()))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(doc, indent=2) + "\n")

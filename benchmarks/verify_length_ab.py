@@ -1,9 +1,10 @@
-"""DFlash with the whole block verified every step against verify lengths chosen by the draft's confidence.
+"""DFlash with the whole block verified every step against verify lengths chosen by the draft's confidence,
+drafting the whole block (`auto-block-drafts`) or as many rows as are worth it (`auto`, decoding/draft_length.py).
 
     python benchmarks/verify_length_ab.py --recipe demo [--samples 164] [--tokens 128] [--set K=V ...] [--out F.json]
 
-One engine; per HumanEval prompt, plain, DFlash `run.verify=block` and DFlash `run.verify=auto` back to back
-(the order rotating with the prompt, so drift hits all alike). Greedy: both DFlash runs must equal plain token
+One engine; per HumanEval prompt, plain, DFlash `run.verify=block` and the two `run.verify=auto` forms back to
+back (the order rotating with the prompt, so drift hits all alike). Greedy: every DFlash run must equal plain token
 for token (counted, and the script exits 1 on any mismatch). Reports per mode tau (tokens per verify), mean
 verify length, target seconds per step, total decode tokens/s, and the per-prompt geometric-mean speedup of
 `auto` over `block` with its 95% interval. The calibration and cost fit carry over from prompt to prompt, as
@@ -22,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-MODES = ("plain", "block", "auto")
+MODES = ("plain", "block", "auto-block-drafts", "auto")
 
 
 def main() -> None:
@@ -37,20 +38,27 @@ def main() -> None:
     from dflash_cli.bench.datasets import load_dataset
     from dflash_cli.cache import Cache
     from dflash_cli.decoding.engine import build_engine
+    from dflash_cli.decoding.verify_length import VerifyBudget
     from dflash_cli.recipe import load_recipe
 
     recipe = load_recipe(args.recipe, args.overrides)
     engine = build_engine(recipe, Cache())
-    variants = {v: recipe.model_copy(update={"run": recipe.run.model_copy(update={"verify": v})}) for v in MODES[1:]}
+    variants = {
+        v: recipe.model_copy(update={"run": recipe.run.model_copy(update={"verify": v.split("-")[0]})})
+        for v in MODES[1:]
+    }
+    # each auto form learns on its own (the engine keeps one budget: swapped in per run)
+    budgets = {"auto": VerifyBudget(engine.block_size), "auto-block-drafts": VerifyBudget(engine.block_size, False)}
     samples = load_dataset("humaneval", max_samples=args.samples)
     rows, mismatches = [], 0
     for k, sample in enumerate(samples):
         ids = engine.encode_prompt(sample.turns[0])
-        order = MODES[k % 3 :] + MODES[: k % 3]
+        order = MODES[k % len(MODES) :] + MODES[: k % len(MODES)]
         row = {}
         for mode in order:
             if mode != "plain":
                 engine.recipe = variants[mode]
+                engine.verify_budget = budgets.get(mode)
             r = engine.generate(ids, mode="plain" if mode == "plain" else "dflash", max_new_tokens=args.tokens)
             row[mode] = r
         for mode in MODES[1:]:
@@ -72,7 +80,9 @@ def main() -> None:
             "target_ms_per_step": round(1000 * sum(r.target_s for r in rs) / steps, 3),
             "draft_ms_per_call": round(1000 * sum(r.draft_s for r in rs) / max(1, sum(r.draft_calls for r in rs)), 3),
         }
-    for a, b in (("auto", "block"), ("auto", "plain"), ("block", "plain")):
+    drafted = budgets["auto"].draft.cost.timed
+    report["auto"]["draft_rows_timed"] = {rows: n for rows, (_, n) in enumerate(drafted) if n}
+    for a, b in (("auto", "block"), ("auto", "auto-block-drafts"), ("auto-block-drafts", "block"), ("auto", "plain")):
         logs = [math.log(row[b].decode_s / row[a].decode_s) for row in rows if row[a].decode_s > 0]
         mean, se = statistics.mean(logs), statistics.stdev(logs) / math.sqrt(len(logs))
         report[f"{a}_over_{b}"] = {

@@ -38,3 +38,11 @@ def is_kv_input(name: str) -> bool:
 
 def retained_name(cache_input: str) -> str:
     return f"{cache_input}_RetainedState"
+
+
+def drafts_any_rows(inputs) -> bool:
+    """Whether a draft graph (ONNX Runtime's input list) drafts a block of any length: its input_ids' axis 1 is
+    the symbolic `block_len` (graph revision 12 on, a DFlash draft's prefix graph)."""
+    from dflash_cli.exporting.names import BLOCK_ROWS
+
+    return any(i.name == "input_ids" and len(i.shape) > 1 and i.shape[1] == BLOCK_ROWS for i in inputs)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dflash_cli.backends.base import is_cache_input, is_kv_input
+from dflash_cli.backends.base import drafts_any_rows, is_cache_input, is_kv_input
 from dflash_cli.backends.carried_state import CarriedState
 from dflash_cli.backends.ort import OrtSettings, cpu_session
 from dflash_cli.backends.single_row import first_row, pad_single_row
@@ -52,6 +52,7 @@ class OrtInPlaceKvSession:
         inputs = self._sess.get_inputs()
         self.cache_names = [i.name for i in inputs if is_kv_input(i.name)]
         self.input_names = [i.name for i in inputs if not is_cache_input(i.name)]
+        self.any_block_rows = drafts_any_rows(inputs)  # a draft that drafts as many rows as it is handed
         self._carried = CarriedState(inputs)  # a hybrid target's linear-attention states
         present = {n: "present_" + n.removeprefix("past_") for n in self.cache_names}
         outputs = [o.name for o in self._sess.get_outputs()]

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dflash_cli.backends.base import is_cache_input, is_kv_input
+from dflash_cli.backends.base import drafts_any_rows, is_cache_input, is_kv_input
 from dflash_cli.backends.carried_state import CarriedState
 from dflash_cli.backends.ort import OrtSettings, cpu_session
 from dflash_cli.backends.ort_kv_inplace import OrtInPlaceKvSession, is_in_place_graph
@@ -61,6 +61,7 @@ class OrtPrefixSession:
         inputs = self._sess.get_inputs()
         self.cache_names = [i.name for i in inputs if is_kv_input(i.name)]
         self.input_names = [i.name for i in inputs if not is_cache_input(i.name)]
+        self.any_block_rows = drafts_any_rows(inputs)  # a draft that drafts as many rows as it is handed
         self._carried = CarriedState(inputs, PRESENT_PREFIX)  # a hybrid target's linear-attention states
         outputs = [o.name for o in self._sess.get_outputs()]
         self.output_names = [o for o in outputs if not o.startswith(PRESENT_PREFIX)]

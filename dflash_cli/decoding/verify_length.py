@@ -7,7 +7,8 @@ one-row call on the 0.6B shape, 5.5x on the 4B one), so verifying the whole bloc
 unsure past its second token throws most of the call away. Each step picks the L that maximises
     E[committed | L] - rate * T_verify(L)
 (the hybrid's rule, decoding/hybrid.py: the time a step spends is worth `rate` tokens per second, the loop's
-long-run rate). The draft's cost is paid before the choice and does not depend on L.
+long-run rate). The draft's cost is paid before the choice; how many rows it drafts is chosen before it runs
+(draft_length.py).
 
 a_j comes from the draft graph's `draft_confidence` (its probability of the token it proposed), calibrated
 online: per confidence bin, how often a proposal that was reached was accepted. A draft's probabilities are
@@ -81,13 +82,27 @@ def choose_length(accept: list[float], verify_seconds, rate: float | None) -> in
 class VerifyBudget:
     """What a DFlash loop decides its verify lengths by; kept on the engine, so later requests start informed:
     the calibration, and (the hybrid's own bookkeeping, decoding/hybrid.py) the loop's long-run rate and a
-    line fitted to the verify times by length."""
+    line fitted to the verify times by length; and how many rows to draft (draft_length.py), where the draft
+    graph drafts as many as it is handed."""
 
-    def __init__(self, block_size: int) -> None:
+    def __init__(self, block_size: int, draft_rows: bool = True) -> None:
+        """`draft_rows` False: every draft is of the whole block (benchmarks/verify_length_ab.py compares)."""
+        from dflash_cli.decoding.draft_length import DraftLength
         from dflash_cli.decoding.hybrid import HybridStats
 
         self.calibration = Calibration()
         self.costs = HybridStats(block_size)
+        self.draft = DraftLength(block_size) if draft_rows else None
+        self.block = block_size
+
+    def draft_rows(self) -> int:
+        if self.draft is None:
+            return self.block
+        return self.draft.rows(self.costs.rate(), self.costs.verify_line(), self.calibration.accept)
+
+    def drafted(self, confidence: list[float], seconds: float | None) -> None:
+        if self.draft:
+            self.draft.learn(confidence, seconds)
 
     def length(self, confidence: list[float]) -> int:
         accept = [self.calibration.accept(p) for p in confidence]

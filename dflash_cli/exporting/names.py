@@ -3,3 +3,4 @@
 WRAPPER_PREFIX = "inner."  # torch_to_onnx._ExplicitArgs holds the traced module as `inner`
 SCOPES_KEY = "pkg.torch.onnx.name_scopes"  # node metadata: the module path of the code that made the node
 CLASSES_KEY = "pkg.torch.onnx.class_hierarchy"  # node metadata: the classes of those modules
+BLOCK_ROWS = "block_len"  # axis 1 of a draft prefix graph's block inputs: it drafts as many rows as it is handed

@@ -16,7 +16,7 @@ import torch
 
 from dflash_cli.errors import DFlashError
 from dflash_cli.exporting.external_data import Initializer, WrittenTensors, write_initializers
-from dflash_cli.exporting.names import WRAPPER_PREFIX
+from dflash_cli.exporting.names import BLOCK_ROWS, WRAPPER_PREFIX
 from dflash_cli.exporting.no_retrace import skip_retrace
 
 PENDING_ROWS = "pending_rows"
@@ -38,13 +38,16 @@ def trace_template(
     past_len_inputs: tuple[str, ...] = (),
     pending_rows_inputs: tuple[str, ...] = (),
     batch_inputs: tuple[str, ...] = (),
+    block_inputs: tuple[str, ...] = (),
 ):
     """The traced, optimised graph of `module` (parameters on the meta device) whose weight initializers
     read `sources` lazily, and {graph initializer name: its source}. Reads no weight bytes. `sources`
     maps a parameter/buffer name of `module` to the producer of its bytes; `past_len_inputs` get a
     second symbolic dim, `past_len`, on axis 1 (the prefix-cache graphs' filled slots); `pending_rows_inputs`
     one of their own, `pending_rows` (a hybrid target's rows of the previous call, modeling/delta_rollback.py);
-    `batch_inputs` a symbolic axis 0, `batch` (the prefix graphs that serve several sequences per call)."""
+    `batch_inputs` a symbolic axis 0, `batch` (the prefix graphs that serve several sequences per call);
+    `block_inputs` a symbolic axis 1 of their own, `block_len` (a draft prefix graph's block, as long as the loop
+    asks for: decoding/draft_length.py)."""
     import onnxscript.rewriter.onnx_fusions
 
     from dflash_cli.modeling.moe import onnx_translations
@@ -56,6 +59,8 @@ def trace_template(
     pending = torch.export.Dim(PENDING_ROWS, min=1, max=1 << 20)
     dynamic |= {_arg(n): {1: pending} for n in pending_rows_inputs}
     batch = torch.export.Dim(BATCH, min=1, max=1024)
+    rows = torch.export.Dim(BLOCK_ROWS, min=2, max=1024)
+    dynamic |= {_arg(n): {1: rows} for n in block_inputs}
     for n in batch_inputs:
         dynamic[_arg(n)] = {**(dynamic[_arg(n)] or {}), 0: batch}
     with warnings.catch_warnings(), torch.no_grad(), _one_op_registry(), skip_retrace():
@@ -257,22 +262,38 @@ class _ExplicitArgs(torch.nn.Module):
 
 def _name_seq_dims(path: Path) -> None:
     """Name the symbolic dims of graph inputs/outputs (dynamo names them s0...): axis 1 of a `past_*` input
-    is `past_len` (prefix-cache graphs) or, for pending rows, `pending_rows`; axis 0 `batch`; every other one
-    `seq_len`."""
+    is `past_len` (prefix-cache graphs) or, for pending rows, `pending_rows`; axis 0 `batch`; axis 1 of a draft's
+    block inputs and outputs, where it varies, `block_len`; every other one `seq_len`."""
     import onnx
 
     model = onnx.load(str(path), load_external_data=False)
     changed = False
     # a batched prefix graph's token inputs have a symbolic axis 0 (a vision tower's axis 0 is its patches)
     batched = any(i.name == "input_ids" and i.type.tensor_type.shape.dim[0].dim_param for i in model.graph.input)
+    block = _block_rows(model)
     for vi in [*model.graph.input, *model.graph.output]:
         is_past = vi.name.startswith("past_") and vi in model.graph.input
         for axis, dim in enumerate(vi.type.tensor_type.shape.dim):
             rows = vi.name.startswith(PENDING_ROWS_INPUTS)
             want = (PENDING_ROWS if rows else "past_len") if is_past and axis == 1 else "seq_len"
+            if axis == 1 and block and vi.name.startswith("draft_"):  # the proposals: all rows but the first
+                want = BLOCK_ROWS + "-1"
+            want = BLOCK_ROWS if axis == 1 and vi.name in block else want
             want = BATCH if axis == 0 and batched else want
             if dim.HasField("dim_param") and dim.dim_param != want:
                 dim.dim_param = want
                 changed = True
     if changed:
         onnx.save_model(model, str(path))
+
+
+def _block_rows(model) -> set[str]:
+    """A draft graph's inputs and outputs along its block: those whose axis 1 is input_ids' symbolic axis 1
+    where context_features' is another (a draft that drafts any number of rows)."""
+    dims = {vi.name: vi.type.tensor_type.shape.dim for vi in [*model.graph.input, *model.graph.output]}
+    if "context_features" not in dims or len(dims.get("input_ids", ())) < 2:
+        return set()
+    block = dims["input_ids"][1].dim_param
+    if not block or block == dims["context_features"][1].dim_param:
+        return set()
+    return {n for n, d in dims.items() if len(d) > 1 and d[1].dim_param == block}

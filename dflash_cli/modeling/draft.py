@@ -168,6 +168,11 @@ class StaticCacheDraft(nn.Module):
     def use_prefix_cache(self, on: bool = True) -> None:
         self.prefix_cache = on
 
+    @property
+    def any_block_rows(self) -> bool:
+        """Whether the block may be of any length (not a DFlash2 draft, whose convolutions span a fixed block)."""
+        return not self.draft.dflash2
+
     def forward(self, input_ids, position_ids, context_features, context_position_ids, *past):
         d = self.draft
         new_kv = d.context_kv(context_features, context_position_ids)

@@ -32,8 +32,9 @@ FULL_VALIDATION_BYTES = 1 << 30  # float32 bytes of both graphs up to which the 
 # 8 = grown from one traced decoder layer (exporting/replicate.py); equal initializers no longer merged;
 # 9 = the dense prefix graphs take a symbolic batch (several sequences per call);
 # 10 = the draft also returns draft_confidence (its probability of each proposed token), via logsumexp;
-# 11 = draft_confidence via TopK / Exp / ReduceMean (finite in fp16, on the QAIC op list).
-GRAPH_REVISION = 11
+# 11 = draft_confidence via TopK / Exp / ReduceMean (finite in fp16, on the QAIC op list);
+# 12 = a DFlash draft's prefix graph drafts a block of any length (symbolic `block_len`).
+GRAPH_REVISION = 12
 
 
 class ExportStage:
