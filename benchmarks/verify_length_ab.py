@@ -80,8 +80,8 @@ def main() -> None:
             "target_ms_per_step": round(1000 * sum(r.target_s for r in rs) / steps, 3),
             "draft_ms_per_call": round(1000 * sum(r.draft_s for r in rs) / max(1, sum(r.draft_calls for r in rs)), 3),
         }
-    drafted = budgets["auto"].draft.cost.timed
-    report["auto"]["draft_rows_timed"] = {rows: n for rows, (_, n) in enumerate(drafted) if n}
+    drafted = budgets["auto"].draft.drafted
+    report["auto"]["drafts_by_rows"] = {rows: n for rows, n in enumerate(drafted) if n}
     for a, b in (("auto", "block"), ("auto", "auto-block-drafts"), ("auto-block-drafts", "block"), ("auto", "plain")):
         logs = [math.log(row[b].decode_s / row[a].decode_s) for row in rows if row[a].decode_s > 0]
         mean, se = statistics.mean(logs), statistics.stdev(logs) / math.sqrt(len(logs))

@@ -45,8 +45,11 @@ def test_quantised_moe_build_runs_and_benches_losslessly(family: str, precision:
     dec = doc["decomposition"]  # the verify-cost curve up to the block (4 here) and the break-even tau
     assert set(dec["t_verify_curve_s"]) == {"1", "2", "4"} and dec["verify_cost_ratio"]["1"] == 1.0
     assert dec["break_even_tau"] == (dec["t_verify_s"] + dec["t_draft_s"]) / dec["t1_s"]
+    # the draft's prefix graph takes fewer rows: a step drafting and verifying 2 of the 4 breaks even lower
+    assert set(dec["t_draft_curve_s"]) == {"2", "4"} and dec["t_draft_curve_s"]["4"] == dec["t_draft_s"]
+    assert dec["break_even_tau_by_rows"]["4"] == dec["break_even_tau"]
     text = dflash_ok("bench", *common, "--dataset", str(tmp_path / "prompts.jsonl"), "--max-new-tokens", "8").stdout
-    assert "verify cost T(n)/T(1)" in text and "break-even tau" in text
+    assert "verify cost T(n)/T(1)" in text and "break-even tau" in text and "rows drafted+verified" in text
 
 
 def test_qaic_backend_refuses_moe_targets_at_once(tmp_path: Path) -> None:

@@ -33,14 +33,18 @@ def test_nothing_timed_yet_verifies_the_whole_block():
     assert choose_length([0.1] * 7, lambda length: 1.0, rate=None) == 8
 
 
-def test_calibration_learns_acceptance_per_confidence_bin():
+def test_calibration_learns_acceptance_per_confidence_bin_and_depth():
     cal = Calibration()
     prior = cal.accept(0.95)
-    for _ in range(200):  # a draft that says 0.95 and is right a third of the time
+    for _ in range(200):  # a draft that says 0.95: its first proposal lands, its second never
         cal.learn([0.95, 0.95, 0.95], [1, 2, 3], [1, 9])  # first accepted, second rejected, third not reached
     assert prior == pytest.approx(0.95)  # before any verify: the draft's own probability
-    assert cal.accept(0.95) == pytest.approx((3.8 + 200) / (4 + 400))
+    assert cal.accept(0.95, 0) == pytest.approx((3.8 + 200) / (4 + 200))
+    assert cal.accept(0.95, 1) == pytest.approx(3.8 / (4 + 200))
+    assert cal.accept(0.95, 2) == cal.accept(0.95, 1)  # the 2nd and 3rd proposals share a depth group
+    assert cal.accept(0.95, 3) == pytest.approx(0.95)  # never reached: the prior
     assert cal.accept(0.05) == pytest.approx(0.05)  # other bins keep their prior
+    assert cal.chances([0.95, 0.95]) == [cal.accept(0.95, 0), cal.accept(0.95, 1)]
 
 
 def test_budget_shortens_verifies_once_long_ones_prove_costly():

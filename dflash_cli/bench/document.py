@@ -222,6 +222,8 @@ def decomposition(result: BenchResult, by_mode: dict[str, list[GenerationResult]
             read = target_bytes + (draft_bytes if mode_info(mode).uses_draft else 0)
             bandwidth[mode] = metrics.weight_bandwidth_gb_s(by_mode[mode], read)
     curve = {int(n): s for n, s in (times.get("t_verify_curve") or {}).items()}
+    drafts = {int(n): s for n, s in (times.get("t_draft_curve") or {}).items()}
+    by_rows = {n: (d + curve[n]) / t1 for n, d in drafts.items() if n in curve} if t1 else {}
     return {
         "block_size": result.block_size,
         "t1_s": t1,
@@ -232,6 +234,10 @@ def decomposition(result: BenchResult, by_mode: dict[str, list[GenerationResult]
         "verify_cost_ratio": {n: s / t1 for n, s in curve.items()} if curve and t1 else None,
         # the tau at which a DFlash step of a whole block costs what plain decoding does
         "break_even_tau": (t_verify + t_draft) / t1 if None not in (t1, t_verify, t_draft) and t1 else None,
+        # draft-call seconds per number of rows (a draft graph that takes any), and the break-even tau of a step
+        # that drafts and verifies n rows: (T_draft(n) + T(n)) / T(1)
+        "t_draft_curve_s": drafts or None,
+        "break_even_tau_by_rows": by_rows or None,
         "mean_acceptance_length": tau,
         "ceiling_speedup": ceiling,
         "measured_speedup": metrics.decode_speedup(baseline, dflash) if baseline is not None else None,

@@ -281,7 +281,8 @@ class Engine:
     def step_times(self, repeats: int = 20) -> dict[str, Any]:
         """Median seconds of one plain step, one verify call and one draft call (warm sessions), and of
         target calls of 2, 4, 8... tokens below the block (`t_verify_curve`: how verify cost grows; a
-        mixture-of-experts target reads more experts the more tokens a call has)."""
+        mixture-of-experts target reads more experts the more tokens a call has); `t_draft_curve` likewise for
+        draft calls of fewer rows, where the draft graph takes them (decoding/draft_length.py)."""
         B, H = self.block_size, self.hidden_size
         self.target.reset()
         self.draft.reset()
@@ -296,6 +297,10 @@ class Engine:
         shorter = tuple(n for n in (2, 4, 8, 16, 32) if n < B)
         curve = self.verify_cost_curve(shorter, repeats) if shorter else {}
         times["t_verify_curve"] = {1: times["t1"], **curve, B: times["t_verify"]}
+        if getattr(self.draft, "any_block_rows", False) and shorter:
+            rows = {n: {k: v[:, :n] if k in block else v for k, v in draft_feeds.items()} for n in shorter if n > 1}
+            drafts = {n: _median_seconds(lambda: self.draft.run(f), repeats) for n, f in rows.items()}  # noqa: B023
+            times["t_draft_curve"] = {**drafts, B: times["t_draft"]}
         return times
 
     def verify_cost_curve(self, sizes: tuple[int, ...] = (1, 2, 4, 8, 16), repeats: int = 20) -> dict[int, float]:

@@ -152,7 +152,7 @@ class DFlashProposer(Proposer):
         rows = self.verify.draft_rows() if self.any_rows else self.block
         block = [last] + [self.mask_id] * (rows - 1)
         ids, bpos = padded(block, pos, rows)
-        result = None
+        result, context = None, sum(len(f) for f, _ in self._pending)
         if len(self._pending) > 1:  # consecutive positions: one array, sent in as few calls as fit
             self._pending = [(np.concatenate([f for f, _ in self._pending]), self._pending[0][1])]
         variable = getattr(self.draft.session, "variable_length", False)
@@ -183,7 +183,7 @@ class DFlashProposer(Proposer):
         confidence = result.get("draft_confidence")  # absent from graphs exported before revision 10
         self._confidence = None if confidence is None else [float(p) for p in confidence[0]]
         if self.any_rows and self._confidence is not None:
-            self.verify.drafted(self._confidence, time.perf_counter() - started if timed else None)
+            self.verify.drafted(self._confidence, time.perf_counter() - started if timed else None, context)
         return [int(t) for t in result["draft_tokens"][0]]
 
 

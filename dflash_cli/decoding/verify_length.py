@@ -20,35 +20,43 @@ verified, and the target verifies every token it commits.
 from __future__ import annotations
 
 BINS = 10  # equal-width bins of the draft's probability
-PRIOR_WEIGHT = 4.0  # pseudo-proposals per bin behind the prior "accepted at the draft's own probability"
+DEPTHS = 4  # groups of block positions: the 1st proposal, the 2nd-3rd, 4th-7th, 8th on
+PRIOR_WEIGHT = 4.0  # pseudo-proposals per cell behind the prior "accepted at the draft's own probability"
 
 
 class Calibration:
-    """P(a proposal is accepted | it was reached, the draft gave it probability p), per bin of p."""
+    """P(a proposal is accepted | it was reached, the draft gave it probability p), per bin of p and per depth
+    in the block: a proposal deep in a block is reached only after a run of accepted ones, which makes it
+    likelier to be accepted than a first proposal of the same probability (on the demo pair, a calibration
+    blind to depth made long drafts look worth less than they were)."""
 
     def __init__(self) -> None:
-        self.reached = [PRIOR_WEIGHT] * BINS
-        self.accepted = [PRIOR_WEIGHT * (b + 0.5) / BINS for b in range(BINS)]
+        self.reached = [[PRIOR_WEIGHT] * BINS for _ in range(DEPTHS)]
+        self.accepted = [[PRIOR_WEIGHT * (b + 0.5) / BINS for b in range(BINS)] for _ in range(DEPTHS)]
 
     @staticmethod
-    def _bin(p: float) -> int:
-        return min(BINS - 1, max(0, int(p * BINS)))
+    def _cell(p: float, position: int) -> tuple[int, int]:
+        return min(DEPTHS - 1, (position + 1).bit_length() - 1), min(BINS - 1, max(0, int(p * BINS)))
 
-    def accept(self, p: float) -> float:
-        b = self._bin(p)
-        return self.accepted[b] / self.reached[b]
+    def accept(self, p: float, position: int = 0) -> float:
+        """The chance that proposal `position` (0: the first) of probability p is accepted, once reached."""
+        d, b = self._cell(p, position)
+        return self.accepted[d][b] / self.reached[d][b]
 
-    def add(self, p: float, accepted: bool) -> None:
-        b = self._bin(p)
-        self.reached[b] += 1.0
-        self.accepted[b] += 1.0 if accepted else 0.0
+    def chances(self, confidence: list[float]) -> list[float]:
+        return [self.accept(p, i) for i, p in enumerate(confidence)]
+
+    def add(self, p: float, accepted: bool, position: int = 0) -> None:
+        d, b = self._cell(p, position)
+        self.reached[d][b] += 1.0
+        self.accepted[d][b] += 1.0 if accepted else 0.0
 
     def learn(self, confidence: list[float], proposal: list[int], committed: list[int]) -> None:
         """Every proposal the verify reached: accepted where it equals the committed token."""
         for i, p in enumerate(confidence[: len(proposal)]):
             if i >= len(committed):
                 break
-            self.add(p, proposal[i] == committed[i])
+            self.add(p, proposal[i] == committed[i], i)
             if proposal[i] != committed[i]:
                 break
 
@@ -98,18 +106,20 @@ class VerifyBudget:
     def draft_rows(self) -> int:
         if self.draft is None:
             return self.block
-        return self.draft.rows(self.costs.rate(), self.costs.verify_line(), self.calibration.accept)
+        return self.draft.rows(self.costs.rate(), self.costs.verify_line())
 
-    def drafted(self, confidence: list[float], seconds: float | None) -> None:
+    def drafted(self, confidence: list[float], seconds: float | None, context: int) -> None:
         if self.draft:
-            self.draft.learn(confidence, seconds)
+            self.draft.drafted_block(len(confidence) + 1, seconds, context)
 
     def length(self, confidence: list[float]) -> int:
-        accept = [self.calibration.accept(p) for p in confidence]
+        accept = self.calibration.chances(confidence)
         return choose_length(accept, self.costs.verify_line(), self.costs.rate())
 
     def learn(self, confidence: list[float], proposal: list[int], committed: list[int], verify_s: float, step_s: float):
         self.calibration.learn(confidence, proposal, committed)
+        if self.draft:
+            self.draft.verified(len(committed), len(proposal) + 1)
         self.costs.add_step(len(committed), step_s)
         if verify_s > 0:
             self.costs.add_verify(len(proposal) + 1, verify_s)
