@@ -1,14 +1,19 @@
-"""DFlash with the whole block verified every step against verify lengths chosen by the draft's confidence,
-drafting the whole block (`auto-block-drafts`) or as many rows as are worth it (`auto`, decoding/draft_length.py).
+"""DFlash with the whole block verified every step against verify lengths chosen by the draft's confidence.
 
     python benchmarks/verify_length_ab.py --recipe demo [--samples 164] [--tokens 128] [--set K=V ...] [--out F.json]
+        [--emulate STEP_COST.json --emulate-t1-ms 5]
 
-One engine; per HumanEval prompt, plain, DFlash `run.verify=block` and the two `run.verify=auto` forms back to
-back (the order rotating with the prompt, so drift hits all alike). Greedy: every DFlash run must equal plain token
+One engine; per HumanEval prompt, plain, DFlash `run.verify=block` and DFlash `run.verify=auto` back to back
+(the order rotating with the prompt, so drift hits all alike). Greedy: every DFlash run must equal plain token
 for token (counted, and the script exits 1 on any mismatch). Reports per mode tau (tokens per verify), mean
 verify length, target seconds per step, total decode tokens/s, and the per-prompt geometric-mean speedup of
 `auto` over `block` with its 95% interval. The calibration and cost fit carry over from prompt to prompt, as
 on a server.
+
+`--emulate`: every call of up to 16 rows is padded with a sleep to the cost that a `graph_step_cost.py --lengths
+... --draft-rows ...` JSON measured for that many rows (linear between the measured lengths), scaled so that a
+one-token target call takes --emulate-t1-ms: the pair's own acceptance under another model's cost curve (e.g.
+the demo pair's drafts at the 4B shape's int4 costs, whose acceptance a random pair cannot show).
 """
 
 from __future__ import annotations
@@ -23,7 +28,42 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-MODES = ("plain", "block", "auto-block-drafts", "auto")
+MODES = ("plain", "block", "auto")
+
+
+def emulate(doc: dict, t1_ms: float) -> None:
+    """Pad every ONNX Runtime prefix-cache call of up to 16 rows with a sleep, to the measured curve's cost."""
+    import time
+
+    import numpy as np
+
+    from dflash_cli.backends.ort_kv_inplace import OrtInPlaceKvSession
+    from dflash_cli.backends.ort_prefix import OrtPrefixSession
+
+    med = next(iter(doc["variants"].values()))["median_ms"]
+    scale = t1_ms / med["T(1)"] / 1000
+    block = doc["block_size"]
+    curves = {
+        "target": sorted((int(k[2:-1]), v) for k, v in med.items() if k.startswith("T(")),
+        "draft": sorted([(block, med["draft"])] + [(int(k[6:-1]), v) for k, v in med.items() if k.startswith("draft(")]),
+    }
+
+    def cost(name: str, rows: int) -> float:
+        xs, ys = zip(*curves[name])
+        return scale * float(np.interp(rows, xs, ys, right=None))
+
+    for cls in (OrtPrefixSession, OrtInPlaceKvSession):
+        real = cls.run
+
+        def run(self, feeds, real=real):
+            t = time.perf_counter()
+            out = real(self, feeds)
+            rows = feeds["input_ids"].shape[1]
+            if rows <= 16 and self.name in curves:
+                time.sleep(max(0.0, cost(self.name, rows) - (time.perf_counter() - t)))
+            return out
+
+        cls.run = run
 
 
 def main() -> None:
@@ -33,22 +73,20 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--emulate", type=Path, help="graph_step_cost.py JSON whose cost curve every call is padded to")
+    ap.add_argument("--emulate-t1-ms", type=float, default=5.0)
     args = ap.parse_args()
 
     from dflash_cli.bench.datasets import load_dataset
     from dflash_cli.cache import Cache
     from dflash_cli.decoding.engine import build_engine
-    from dflash_cli.decoding.verify_length import VerifyBudget
     from dflash_cli.recipe import load_recipe
 
+    if args.emulate:
+        emulate(json.loads(args.emulate.read_text()), args.emulate_t1_ms)
     recipe = load_recipe(args.recipe, args.overrides)
     engine = build_engine(recipe, Cache())
-    variants = {
-        v: recipe.model_copy(update={"run": recipe.run.model_copy(update={"verify": v.split("-")[0]})})
-        for v in MODES[1:]
-    }
-    # each auto form learns on its own (the engine keeps one budget: swapped in per run)
-    budgets = {"auto": VerifyBudget(engine.block_size), "auto-block-drafts": VerifyBudget(engine.block_size, False)}
+    variants = {v: recipe.model_copy(update={"run": recipe.run.model_copy(update={"verify": v})}) for v in MODES[1:]}
     samples = load_dataset("humaneval", max_samples=args.samples)
     rows, mismatches = [], 0
     for k, sample in enumerate(samples):
@@ -58,7 +96,6 @@ def main() -> None:
         for mode in order:
             if mode != "plain":
                 engine.recipe = variants[mode]
-                engine.verify_budget = budgets.get(mode)
             r = engine.generate(ids, mode="plain" if mode == "plain" else "dflash", max_new_tokens=args.tokens)
             row[mode] = r
         for mode in MODES[1:]:
@@ -80,9 +117,7 @@ def main() -> None:
             "target_ms_per_step": round(1000 * sum(r.target_s for r in rs) / steps, 3),
             "draft_ms_per_call": round(1000 * sum(r.draft_s for r in rs) / max(1, sum(r.draft_calls for r in rs)), 3),
         }
-    drafted = budgets["auto"].draft.drafted
-    report["auto"]["drafts_by_rows"] = {rows: n for rows, n in enumerate(drafted) if n}
-    for a, b in (("auto", "block"), ("auto", "auto-block-drafts"), ("auto-block-drafts", "block"), ("auto", "plain")):
+    for a, b in (("auto", "block"), ("auto", "plain"), ("block", "plain")):
         logs = [math.log(row[b].decode_s / row[a].decode_s) for row in rows if row[a].decode_s > 0]
         mean, se = statistics.mean(logs), statistics.stdev(logs) / math.sqrt(len(logs))
         report[f"{a}_over_{b}"] = {

@@ -143,10 +143,9 @@ class RunConfig(_Section):
     stop: list[str] = Field(default_factory=list)
     # Who proposes: the DFlash draft, suffix lookup (no model), or per step whichever the evidence favours.
     drafter: Literal["dflash", "lookup", "hybrid"] = "dflash"
-    # DFlash steps on a target that takes calls of any length (ONNX Runtime's prefix-cache graphs). auto: draft only
-    # as many rows as recent blocks made worth the draft's cost (decoding/draft_length.py), and verify only as far
-    # as the draft's confidence makes worth the call (decoding/verify_length.py); block: draft and verify the whole
-    # block every step. Static graphs (QAIC) always do the block.
+    # DFlash steps on a target that takes calls of any length (ONNX Runtime's prefix-cache graphs). auto: verify
+    # only as far as the draft's confidence makes worth the call (decoding/verify_length.py); block: the whole
+    # block every step. Static graphs (QAIC) always verify the block.
     verify: Literal["auto", "block"] = "auto"
 
     @field_validator("stop")

@@ -33,18 +33,14 @@ def test_nothing_timed_yet_verifies_the_whole_block():
     assert choose_length([0.1] * 7, lambda length: 1.0, rate=None) == 8
 
 
-def test_calibration_learns_acceptance_per_confidence_bin_and_depth():
+def test_calibration_learns_acceptance_per_confidence_bin():
     cal = Calibration()
     prior = cal.accept(0.95)
-    for _ in range(200):  # a draft that says 0.95: its first proposal lands, its second never
+    for _ in range(200):  # a draft that says 0.95 and is right a third of the time
         cal.learn([0.95, 0.95, 0.95], [1, 2, 3], [1, 9])  # first accepted, second rejected, third not reached
     assert prior == pytest.approx(0.95)  # before any verify: the draft's own probability
-    assert cal.accept(0.95, 0) == pytest.approx((3.8 + 200) / (4 + 200))
-    assert cal.accept(0.95, 1) == pytest.approx(3.8 / (4 + 200))
-    assert cal.accept(0.95, 2) == cal.accept(0.95, 1)  # the 2nd and 3rd proposals share a depth group
-    assert cal.accept(0.95, 3) == pytest.approx(0.95)  # never reached: the prior
+    assert cal.accept(0.95) == pytest.approx((3.8 + 200) / (4 + 400))
     assert cal.accept(0.05) == pytest.approx(0.05)  # other bins keep their prior
-    assert cal.chances([0.95, 0.95]) == [cal.accept(0.95, 0), cal.accept(0.95, 1)]
 
 
 def test_budget_shortens_verifies_once_long_ones_prove_costly():
@@ -129,3 +125,21 @@ def test_confidence_matches_the_softmax():
     assert torch.allclose(proposal_confidence(logits, tokens), want, atol=1e-6)
     big = proposal_confidence(logits * 40, logits.argmax(-1))  # exp of these would overflow even in float32
     assert torch.isfinite(big).all() and (big <= 1).all()
+
+
+def test_draft_prefix_graph_takes_a_block_of_any_length(qwen3_engine):
+    """Graph revision 12: the draft's prefix graph names its block axis, and `dflash bench` times shorter drafts
+    with it (the break-even tau of drafting and verifying fewer rows, what a smaller dflash.block_size would buy)."""
+    import onnx
+
+    from dflash_cli.exporting.names import BLOCK_ROWS
+
+    model = onnx.load(str(qwen3_engine.compile_dir / "draft_prefix.onnx"), load_external_data=False)
+    shape = {vi.name: [d.dim_param or d.dim_value for d in vi.type.tensor_type.shape.dim] for vi in model.graph.input}
+    outs = {vi.name: [d.dim_param or d.dim_value for d in vi.type.tensor_type.shape.dim] for vi in model.graph.output}
+    assert shape["input_ids"][1] == shape["position_ids"][1] == BLOCK_ROWS
+    assert shape["context_features"][1] != BLOCK_ROWS
+    assert outs["draft_tokens"][1] == BLOCK_ROWS + "-1"
+    assert qwen3_engine.draft.any_block_rows
+    times = qwen3_engine.step_times(repeats=2)
+    assert set(times["t_draft_curve"]) == {2, qwen3_engine.block_size}

@@ -111,8 +111,6 @@ class DFlashProposer(Proposer):
         # Where set (a target that takes calls of any length): verify only as far as the draft's confidence
         # makes worth the call (decoding/verify_length.py); None: always the whole block.
         self.verify = verify
-        # Where the draft graph drafts as many rows as it is handed: as many as the budget finds worth it.
-        self.any_rows = verify is not None and getattr(draft.session, "any_block_rows", False)
         self._confidence: list[float] | None = None  # of the block drafted last, if the draft graph gives it
         self._step: tuple[list[int], float] | None = None  # this step's proposal and start, for `verified`
 
@@ -120,7 +118,7 @@ class DFlashProposer(Proposer):
         """Ingest the prompt's context (prefill work, so it counts toward time to first token) and
         draft the first block right away."""
         self._pending = [(prompt_features, 0)]  # context not yet in the draft cache: (features, first position)
-        self._ready = self._draft(last, pos, timed=False)  # its time is mostly the prompt's: not a step's cost
+        self._ready = self._draft(last, pos)
 
     def observe(self, features: np.ndarray, first_pos: int) -> None:
         # Queued, not sent: steps another drafter proposed add their context here, and the next
@@ -147,12 +145,10 @@ class DFlashProposer(Proposer):
         """Another drafter proposes this step: a block drafted ahead is stale."""
         self._ready = None
 
-    def _draft(self, last: int, pos: int, timed: bool = True) -> list[int]:
-        started = time.perf_counter()
-        rows = self.verify.draft_rows() if self.any_rows else self.block
-        block = [last] + [self.mask_id] * (rows - 1)
-        ids, bpos = padded(block, pos, rows)
-        result, context = None, sum(len(f) for f, _ in self._pending)
+    def _draft(self, last: int, pos: int) -> list[int]:
+        block = [last] + [self.mask_id] * (self.block - 1)
+        ids, bpos = padded(block, pos, self.block)
+        result = None
         if len(self._pending) > 1:  # consecutive positions: one array, sent in as few calls as fit
             self._pending = [(np.concatenate([f for f, _ in self._pending]), self._pending[0][1])]
         variable = getattr(self.draft.session, "variable_length", False)
@@ -175,15 +171,13 @@ class DFlashProposer(Proposer):
                 # after its context, so it sees no slot a later call has yet to write (on an accelerator those
                 # hold whatever the buffer held, NaN in the fp16 check, and its outputs would be NaN).
                 final = s + chunk >= len(feats)
-                block_pos = bpos if final else padded(block, first + s + len(part), rows)[1]
+                block_pos = bpos if final else padded(block, first + s + len(part), self.block)[1]
                 result = self.draft.run(
                     {"input_ids": ids, "position_ids": block_pos, "context_features": ctx, "context_position_ids": cpos}
                 )
         self._pending = []
         confidence = result.get("draft_confidence")  # absent from graphs exported before revision 10
         self._confidence = None if confidence is None else [float(p) for p in confidence[0]]
-        if self.any_rows and self._confidence is not None:
-            self.verify.drafted(self._confidence, time.perf_counter() - started if timed else None, context)
         return [int(t) for t in result["draft_tokens"][0]]
 
 

@@ -7,8 +7,7 @@ one-row call on the 0.6B shape, 5.5x on the 4B one), so verifying the whole bloc
 unsure past its second token throws most of the call away. Each step picks the L that maximises
     E[committed | L] - rate * T_verify(L)
 (the hybrid's rule, decoding/hybrid.py: the time a step spends is worth `rate` tokens per second, the loop's
-long-run rate). The draft's cost is paid before the choice; how many rows it drafts is chosen before it runs
-(draft_length.py).
+long-run rate). The draft's cost is paid before the choice and does not depend on L.
 
 a_j comes from the draft graph's `draft_confidence` (its probability of the token it proposed), calibrated
 online: per confidence bin, how often a proposal that was reached was accepted. A draft's probabilities are
@@ -20,43 +19,35 @@ verified, and the target verifies every token it commits.
 from __future__ import annotations
 
 BINS = 10  # equal-width bins of the draft's probability
-DEPTHS = 4  # groups of block positions: the 1st proposal, the 2nd-3rd, 4th-7th, 8th on
-PRIOR_WEIGHT = 4.0  # pseudo-proposals per cell behind the prior "accepted at the draft's own probability"
+PRIOR_WEIGHT = 4.0  # pseudo-proposals per bin behind the prior "accepted at the draft's own probability"
 
 
 class Calibration:
-    """P(a proposal is accepted | it was reached, the draft gave it probability p), per bin of p and per depth
-    in the block: a proposal deep in a block is reached only after a run of accepted ones, which makes it
-    likelier to be accepted than a first proposal of the same probability (on the demo pair, a calibration
-    blind to depth made long drafts look worth less than they were)."""
+    """P(a proposal is accepted | it was reached, the draft gave it probability p), per bin of p."""
 
     def __init__(self) -> None:
-        self.reached = [[PRIOR_WEIGHT] * BINS for _ in range(DEPTHS)]
-        self.accepted = [[PRIOR_WEIGHT * (b + 0.5) / BINS for b in range(BINS)] for _ in range(DEPTHS)]
+        self.reached = [PRIOR_WEIGHT] * BINS
+        self.accepted = [PRIOR_WEIGHT * (b + 0.5) / BINS for b in range(BINS)]
 
     @staticmethod
-    def _cell(p: float, position: int) -> tuple[int, int]:
-        return min(DEPTHS - 1, (position + 1).bit_length() - 1), min(BINS - 1, max(0, int(p * BINS)))
+    def _bin(p: float) -> int:
+        return min(BINS - 1, max(0, int(p * BINS)))
 
-    def accept(self, p: float, position: int = 0) -> float:
-        """The chance that proposal `position` (0: the first) of probability p is accepted, once reached."""
-        d, b = self._cell(p, position)
-        return self.accepted[d][b] / self.reached[d][b]
+    def accept(self, p: float) -> float:
+        b = self._bin(p)
+        return self.accepted[b] / self.reached[b]
 
-    def chances(self, confidence: list[float]) -> list[float]:
-        return [self.accept(p, i) for i, p in enumerate(confidence)]
-
-    def add(self, p: float, accepted: bool, position: int = 0) -> None:
-        d, b = self._cell(p, position)
-        self.reached[d][b] += 1.0
-        self.accepted[d][b] += 1.0 if accepted else 0.0
+    def add(self, p: float, accepted: bool) -> None:
+        b = self._bin(p)
+        self.reached[b] += 1.0
+        self.accepted[b] += 1.0 if accepted else 0.0
 
     def learn(self, confidence: list[float], proposal: list[int], committed: list[int]) -> None:
         """Every proposal the verify reached: accepted where it equals the committed token."""
         for i, p in enumerate(confidence[: len(proposal)]):
             if i >= len(committed):
                 break
-            self.add(p, proposal[i] == committed[i], i)
+            self.add(p, proposal[i] == committed[i])
             if proposal[i] != committed[i]:
                 break
 
@@ -90,36 +81,20 @@ def choose_length(accept: list[float], verify_seconds, rate: float | None) -> in
 class VerifyBudget:
     """What a DFlash loop decides its verify lengths by; kept on the engine, so later requests start informed:
     the calibration, and (the hybrid's own bookkeeping, decoding/hybrid.py) the loop's long-run rate and a
-    line fitted to the verify times by length; and how many rows to draft (draft_length.py), where the draft
-    graph drafts as many as it is handed."""
+    line fitted to the verify times by length."""
 
-    def __init__(self, block_size: int, draft_rows: bool = True) -> None:
-        """`draft_rows` False: every draft is of the whole block (benchmarks/verify_length_ab.py compares)."""
-        from dflash_cli.decoding.draft_length import DraftLength
+    def __init__(self, block_size: int) -> None:
         from dflash_cli.decoding.hybrid import HybridStats
 
         self.calibration = Calibration()
         self.costs = HybridStats(block_size)
-        self.draft = DraftLength(block_size) if draft_rows else None
-        self.block = block_size
-
-    def draft_rows(self) -> int:
-        if self.draft is None:
-            return self.block
-        return self.draft.rows(self.costs.rate(), self.costs.verify_line())
-
-    def drafted(self, confidence: list[float], seconds: float | None, context: int) -> None:
-        if self.draft:
-            self.draft.drafted_block(len(confidence) + 1, seconds, context)
 
     def length(self, confidence: list[float]) -> int:
-        accept = self.calibration.chances(confidence)
+        accept = [self.calibration.accept(p) for p in confidence]
         return choose_length(accept, self.costs.verify_line(), self.costs.rate())
 
     def learn(self, confidence: list[float], proposal: list[int], committed: list[int], verify_s: float, step_s: float):
         self.calibration.learn(confidence, proposal, committed)
-        if self.draft:
-            self.draft.verified(len(committed), len(proposal) + 1)
         self.costs.add_step(len(committed), step_s)
         if verify_s > 0:
             self.costs.add_verify(len(proposal) + 1, verify_s)
