@@ -282,7 +282,7 @@ class Engine:
         """Median seconds of one plain step, one verify call and one draft call (warm sessions), and of
         target calls of 2, 4, 8... tokens below the block (`t_verify_curve`: how verify cost grows; a
         mixture-of-experts target reads more experts the more tokens a call has); `t_draft_curve` likewise for
-        draft calls of fewer rows, where the draft graph takes them (decoding/draft_length.py)."""
+        draft calls of fewer rows, where the draft graph takes them (what a smaller dflash.block_size costs)."""
         B, H = self.block_size, self.hidden_size
         self.target.reset()
         self.draft.reset()

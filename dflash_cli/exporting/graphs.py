@@ -196,7 +196,7 @@ def _trace(job: _Job, shape: PairShape, options: ExportOptions):
     rows = tuple(n for n in ins if n.startswith(PENDING_ROWS_INPUTS)) if prefix_cache else ()
     batch = tuple(ins) if batched else ()
     # A DFlash draft's prefix graph drafts as many rows as it is handed (a DFlash2 draft's convolutions span a
-    # fixed block): the loop drafts only as far as is worth it (decoding/draft_length.py).
+    # fixed block): `dflash bench` times shorter drafts from one build (what a smaller dflash.block_size costs).
     block = ("input_ids", "position_ids") if prefix_cache and getattr(traced, "any_block_rows", False) else ()
     return trace_template(
         traced, example, ins, outs, job.sym, job.sources, options.opset, past, rows, batch, block

@@ -46,8 +46,8 @@ def trace_template(
     second symbolic dim, `past_len`, on axis 1 (the prefix-cache graphs' filled slots); `pending_rows_inputs`
     one of their own, `pending_rows` (a hybrid target's rows of the previous call, modeling/delta_rollback.py);
     `batch_inputs` a symbolic axis 0, `batch` (the prefix graphs that serve several sequences per call);
-    `block_inputs` a symbolic axis 1 of their own, `block_len` (a draft prefix graph's block, as long as the loop
-    asks for: decoding/draft_length.py)."""
+    `block_inputs` a symbolic axis 1 of their own, `block_len` (a draft prefix graph's block, as many rows as it
+    is handed: `dflash bench` times shorter drafts from one build)."""
     import onnxscript.rewriter.onnx_fusions
 
     from dflash_cli.modeling.moe import onnx_translations
