@@ -161,7 +161,9 @@ def main() -> None:
         if rows:
             even = doc["variants"][label]["break_even_tau"]
             drafts = "  ".join(f"draft({n}) {doc['variants'][label]['median_ms'][f'draft({n})']:.1f}" for n in rows)
-            print(f"{label:40s} {drafts}  break-even tau by rows: " + "  ".join(f"{n}: {v:.2f}" for n, v in even.items()))
+            print(
+                f"{label:40s} {drafts}  break-even tau by rows: " + "  ".join(f"{n}: {v:.2f}" for n, v in even.items())
+            )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(doc, indent=2) + "\n")

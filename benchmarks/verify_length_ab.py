@@ -45,7 +45,9 @@ def emulate(doc: dict, t1_ms: float) -> None:
     block = doc["block_size"]
     curves = {
         "target": sorted((int(k[2:-1]), v) for k, v in med.items() if k.startswith("T(")),
-        "draft": sorted([(block, med["draft"])] + [(int(k[6:-1]), v) for k, v in med.items() if k.startswith("draft(")]),
+        "draft": sorted(
+            [(block, med["draft"])] + [(int(k[6:-1]), v) for k, v in med.items() if k.startswith("draft(")]
+        ),
     }
 
     def cost(name: str, rows: int) -> float:

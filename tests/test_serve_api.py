@@ -86,6 +86,24 @@ def test_stop_strings_cut_text_streamed_or_not(client):
     assert "".join(c.text for e in stream for c in e.choices) == want
 
 
+def test_ignore_eos_decodes_to_max_tokens(client, qwen3_engine):
+    """vLLM's `ignore_eos` (GuideLLM sends it): end-of-sequence ends nothing, the tokens are the same."""
+    extra = {"return_token_ids": True}
+    full = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=12, extra_body=extra).choices[0]
+    assert full.finish_reason == "length", "pick a prompt that runs to max_tokens"
+    saved = list(qwen3_engine.eos_token_ids)
+    qwen3_engine.eos_token_ids[:] = [full.model_extra["token_ids"][1]]  # the second token now ends a sequence
+    try:
+        cut = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=12, extra_body=extra).choices[0]
+        kept = client.completions.create(
+            model="tiny", prompt=PROMPTS[0], max_tokens=12, extra_body={**extra, "ignore_eos": True}
+        ).choices[0]
+    finally:
+        qwen3_engine.eos_token_ids[:] = saved
+    assert cut.finish_reason == "stop" and len(cut.model_extra["token_ids"]) < 12
+    assert kept.finish_reason == "length" and kept.model_extra["token_ids"] == full.model_extra["token_ids"]
+
+
 def test_chat_uses_the_template_and_thinking_switch(server, qwen3_engine):
     from dflash_cli.cache import Cache
     from dflash_cli.decoding.engine import Engine

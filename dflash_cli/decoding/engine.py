@@ -243,6 +243,7 @@ class Engine:
         seed: int = 0,
         on_commit=None,
         images: ImagePrompt | None = None,
+        ignore_eos: bool = False,  # only max_new_tokens (or on_commit) ends it: what load generators ask
     ) -> GenerationResult:
         """`images`: a vision-language prompt's image inputs (ImageReader.prompt / encode) for `prompt_ids`."""
         mode = canonical(mode)  # an old name ("pld") runs its mode, reported by the mode's one name
@@ -261,13 +262,14 @@ class Engine:
         for f in feeders:
             f.prompt = images  # the target's calls of this sequence take them (vision_feeds.py)
         try:
-            return self._generate(prompt_ids, mode, max_new_tokens, temperature, top_k, top_p, seed, on_commit)
+            stops = frozenset() if ignore_eos else frozenset(self.eos_token_ids)
+            return self._generate(prompt_ids, mode, max_new_tokens, temperature, top_k, top_p, seed, on_commit, stops)
         finally:
             for f in feeders:
                 f.prompt = None
 
-    def _generate(self, prompt_ids, mode, max_new_tokens, temperature, top_k, top_p, seed, on_commit):
-        cfg = LoopConfig(max_new_tokens, frozenset(self.eos_token_ids), SamplingConfig(temperature, top_k, top_p, seed))
+    def _generate(self, prompt_ids, mode, max_new_tokens, temperature, top_k, top_p, seed, on_commit, stops):
+        cfg = LoopConfig(max_new_tokens, stops, SamplingConfig(temperature, top_k, top_p, seed))
         if mode == "plain" and self._plain_target is not None:
             self._plain_target.reset()
             return generate_plain(TimedSession(self._plain_target), prompt_ids, self.prefill_len, cfg, on_commit)

@@ -59,6 +59,7 @@ class GenRequest:
     enable_thinking: bool | None = None  # chat only; None = the recipe's run.enable_thinking
     max_tokens_given: bool = True  # False: the recipe's default, which the server caps to the room left
     return_token_ids: bool = False  # extension (vLLM has it too): the completion's token ids in the choice
+    ignore_eos: bool = False  # extension (vLLM's): decode past end-of-sequence to max_tokens, as load clients ask
     images: Any = None  # a chat's images as the target takes them (vision_feeds.ImagePrompt), set at intake
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
@@ -112,6 +113,7 @@ def parse_request(body: Any, kind: str, model_name: str, defaults: Any) -> GenRe
         include_usage=bool(stream_options.get("include_usage")),
         enable_thinking=None if thinking is None else bool(thinking),
         return_token_ids=_bool(body, "return_token_ids"),
+        ignore_eos=_bool(body, "ignore_eos"),
         max_tokens_given=body.get(max_key) is not None,
     )
 

@@ -182,6 +182,7 @@ class Scheduler:
                 seed=req.seed,
                 on_commit=on_commit,
                 images=req.images,
+                ignore_eos=req.ignore_eos,
             )
         finally:
             if self.batcher is not None:
