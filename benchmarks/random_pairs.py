@@ -538,7 +538,8 @@ def write_tokenizer(out: Path, vocab_size: int, special: dict[str, int]) -> None
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     names = list(special)
-    eos = next(t for t in ("<|im_end|>", "<end_of_turn>", "<|eot_id|>") if t in special)  # what chat models stop on
+    # what chat models stop on (gpt-oss: the end of a harmony reply)
+    eos = next(t for t in ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|return|>") if t in special)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos, bos_token=names[0], pad_token=names[0])
     fast.add_special_tokens({"additional_special_tokens": names})
     fast.save_pretrained(str(out))

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/serve_guidellm.py --recipe demo --max-batch 1,4 --clients 1,2,4,8 \
         --requests 32 --max-tokens 64 [--client-venv .client-venv] [--out benchmarks/results/serve-guidellm]
 
-For each --max-batch, starts `dflash serve` (DFlash drafter, any free port) and, for each number of clients,
+For each --max-batch, starts `dflash serve` in --mode (any free port) and, for each number of clients,
 runs `guidellm run` with a concurrent profile of that many streams over the first --requests HumanEval prompts
 (a JSONL file with each prompt and its output token count), streamed /v1/completions, stopping after
 --requests requests. GuideLLM's own JSON report is kept per run; the summary table takes from it the output
@@ -69,6 +69,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--seed", type=int, default=5)
+    ap.add_argument("--mode", default="dflash", choices=("plain", "dflash", "hybrid"), help="plain: a random pair's")
     ap.add_argument("--client-venv", type=Path, default=ROOT / ".client-venv")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/serve-guidellm")
     args = ap.parse_args()
@@ -90,7 +91,7 @@ def main() -> None:
     data.write_text("".join(json.dumps({"prompt": p, "output_tokens_count": args.max_tokens}) + "\n" for p in prompts))
     rows = []
     for batch in [int(b) for b in args.max_batch.split(",")]:
-        proc, url, notes = start_server(args.recipe, args.cache_dir, args.sets, batch, "dflash")
+        proc, url, notes = start_server(args.recipe, args.cache_dir, args.sets, batch, args.mode)
         try:
             for clients in [int(c) for c in args.clients.split(",")]:
                 report = out / f"guidellm-batch{batch}-clients{clients}.json"
@@ -100,13 +101,14 @@ def main() -> None:
                 done = subprocess.run(cmd, capture_output=True, text=True)
                 if done.returncode != 0:
                     raise SystemExit(f"guidellm exited {done.returncode}:\n{done.stderr[-3000:]}")
-                row = {"max_batch": batch, "clients": clients, **summary(report), "notes": notes}
+                row = {"max_batch": batch, "clients": clients, "mode": args.mode, **summary(report), "notes": notes}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
         finally:
             proc.terminate()
             proc.wait(60)
-    (out / "summary.json").write_text(json.dumps({"recipe": args.recipe, "sets": args.sets, "rows": rows}, indent=1))
+    doc = {"recipe": args.recipe, "sets": args.sets, "mode": args.mode, "max_tokens": args.max_tokens, "rows": rows}
+    (out / "summary.json").write_text(json.dumps(doc, indent=1))
     base = {r["clients"]: r["output_tok_s"] for r in rows if r["max_batch"] == 1}
     lines = [
         "| max batch | clients | output tok/s | vs one at a time | p50 / p99 ITL ms | p50 TTFT ms |",

@@ -114,6 +114,9 @@ class QaicConfig(_Section):
     target: QaicGraphConfig = QaicGraphConfig()
     draft: QaicGraphConfig = QaicGraphConfig()
     vision: QaicGraphConfig = QaicGraphConfig()  # a vision-language target's tower (Qwen3-VL)
+    # Above 1: continuous batching, QEfficient's way: programs whose retained caches hold this many sequences,
+    # each call naming its own with `batch_index` (modeling/slot_cache.py); `serve` batches up to this many.
+    full_batch_size: int = Field(default=1, ge=1, le=64)
 
     @field_validator("devices")
     @classmethod
@@ -185,6 +188,12 @@ def export_shape_problems(block: int | None, prefill: int, ctx_len: int) -> list
     return problems
 
 
+# Families whose QAIC programs may hold several sequences' caches (compile.qaic.full_batch_size): dense targets
+# whose layers keep only K/V (not Qwen3.5's recurrent states), with no image inputs riding along (QAIC takes
+# no mixture-of-experts target yet: its graphs use ONNX Runtime's MoE op).
+SLOT_CACHE_FAMILIES = ("qwen3", "llama")
+
+
 class Recipe(_Section):
     name: str = Field(min_length=1)
     family: Literal["qwen3", "llama", "gemma4", "qwen3_vl", "qwen3_5", "qwen3_moe", "qwen3_5_moe", "gpt_oss"]
@@ -206,6 +215,11 @@ class Recipe(_Section):
         problems = export_shape_problems(self.dflash.block_size, self.export.prefill_seq_len, self.export.ctx_len)
         if problems:
             raise ValueError("; ".join(problems))
+        if self.compile.qaic.full_batch_size > 1 and self.family not in SLOT_CACHE_FAMILIES:
+            raise ValueError(
+                f"compile.qaic.full_batch_size needs a target whose layers all keep a K/V cache "
+                f"({', '.join(SLOT_CACHE_FAMILIES)}), not {self.family}; leave it at 1"
+            )
         return self
 
     @property

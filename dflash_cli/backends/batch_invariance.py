@@ -23,13 +23,15 @@ def batch_invariance(onnx_path: Path, info: dict, vocab_size: int, settings, pad
 
 
 def check_target(target, B: int, vocab_size: int) -> dict:
-    """The check on an open BatchedTarget (`dflash serve` checks the one it serves with where the build could
-    not afford to): 3 sequences, or 2 on a target of 2 slots. It writes their caches: run it before any request."""
+    """The check on an open BatchedTarget or QaicSlots (`dflash serve` checks the one it serves with where the
+    build could not): 3 sequences, or 2 on a target of 2 slots. It writes their caches: run it before any request."""
     ctx, n = target.ctx_len, min(3, target.slots)
     rng = np.random.default_rng(3)
     prompts = [min(k, ctx // 4) for k in (B + 3, 2 * B, 5)]
     # Each step: every sequence's call length (prefill, verify blocks, one-token steps, a mixture).
     steps = [s[:n] for s in (prompts, [B, B, B], [1, 1, 1], [B, 1, B // 2 or 1], [3, B, 1])]
+    if not getattr(target, "variable_length", True):  # a QAIC program: only the lengths it was compiled for
+        steps = [[length] * n for length in (target.prefill_len, B, 1, B)]
     tokens = [rng.integers(0, vocab_size, size=sum(s[j] for s in steps), dtype=np.int64) for j in range(n)]
 
     def calls(j: int):

@@ -18,10 +18,12 @@ def batching_refusal(engine: Any) -> str | None:
     from dflash_cli.backends.ort_kv_inplace import OrtInPlaceKvSession
     from dflash_cli.backends.ort_prefix import OrtPrefixSession
 
-    if engine.recipe.compile.backend != "ort":
-        return "batched calls run on ONNX Runtime (QAIC's continuous-batching bundle is not built yet)"
     if engine.images is not None:
         return "a vision-language target's calls carry one prompt's images"
+    if engine.recipe.compile.backend == "qaic":
+        if _full_batch(engine) < 2:
+            return "this QAIC build's programs hold one sequence's cache (rebuild with compile.qaic.full_batch_size)"
+        return None
     if not isinstance(engine.target, OrtInPlaceKvSession):
         return "the target is not the in-place-cache graph (compile.ort.fuse off, or its attention was not rewritten)"
     if _batch_dim(engine.target) != "batch":
@@ -37,6 +39,8 @@ def batching_refusal(engine: Any) -> str | None:
 def unchecked(engine: Any) -> str | None:
     """Why the build did not check batch invariance (its checks did not fit its memory budget), or None when
     it did. Serving then checks it on the sessions it opens anyway (`check_at_start`)."""
+    if engine.recipe.compile.backend == "qaic":
+        return "a QAIC build is compiled without a card"
     checked = engine.compile_facts.get("batch_invariance")
     if checked is None:
         return "the graphs were above the build's memory budget"
@@ -55,12 +59,20 @@ def _batch_dim(session: Any):
     return session._sess.get_inputs()[0].shape[0]
 
 
+def _full_batch(engine: Any) -> int:
+    """The sequences a QAIC build's target program holds (compile.qaic.full_batch_size; 0: one-sequence graphs)."""
+    info = json.loads((engine.compile_dir / "export.json").read_text())
+    return info["graphs"].get("target_cb", {}).get("full_batch_size", 0)
+
+
 def affordable_slots(engine: Any, slots: int) -> int:
     """At most `slots`, fewer where memory is short: every batch size above one opens a session of its own,
     a copy of the target's weights as ONNX Runtime packs them (+0.57 GiB each on the 0.6B-shaped int4 target),
     and together they may take half of the memory available now."""
     from dflash_cli.process_memory import available_bytes
 
+    if engine.recipe.compile.backend == "qaic":  # the card's programs hold the caches they were compiled for
+        return min(slots, _full_batch(engine))
     free, each = available_bytes(), max(1, engine.weight_bytes["target"])
     return slots if free is None else max(1, min(slots, 1 + (free // 2) // each))
 
@@ -71,6 +83,14 @@ def batched_views(engine: Any, slots: int) -> tuple[list[Any], CallBatcher]:
     from dflash_cli.backends.ort_batched import BatchedDraft, BatchedTarget
 
     info = json.loads((engine.compile_dir / "export.json").read_text())
+    if engine.recipe.compile.backend == "qaic":
+        from dflash_cli.qaic.slots import QaicSlots
+
+        full = _full_batch(engine)
+        graphs = {
+            g: QaicSlots(getattr(engine, g), full, engine.ctx_len, engine.prefill_len) for g in ("target", "draft")
+        }
+        return _views(engine, slots, CallBatcher(graphs))
     target = BatchedTarget(
         engine.compile_dir / info["graphs"]["target_prefix"]["onnx"],
         engine.ctx_len,
@@ -83,7 +103,10 @@ def batched_views(engine: Any, slots: int) -> tuple[list[Any], CallBatcher]:
         target.session(n)
     draft_path = engine.compile_dir / info["graphs"]["draft_prefix"]["onnx"]
     draft = BatchedDraft(draft_path, engine.ctx_len, slots, session=engine.draft._sess)
-    batcher = CallBatcher({"target": target, "draft": draft})
+    return _views(engine, slots, CallBatcher({"target": target, "draft": draft}))
+
+
+def _views(engine: Any, slots: int, batcher: CallBatcher) -> tuple[list[Any], CallBatcher]:
     views = []
     for slot in range(slots):
         view = engine.with_own_tokenizer()

@@ -152,12 +152,13 @@ class CallBatcher:
 class SlotSession:
     """One request's view of a batched graph: the one-sequence session interface, calls batched."""
 
-    variable_length = True
     vision = None  # image prompts are served one at a time
 
     def __init__(self, batcher: CallBatcher, graph: str, slot: int) -> None:
         self.batcher, self.name, self.slot = batcher, graph, slot
         self.ctx_len = batcher.graphs[graph].ctx_len
+        # ONNX Runtime's graphs take calls of any length; a QAIC program its compiled ones (qaic/slots.py)
+        self.variable_length = getattr(batcher.graphs[graph], "variable_length", True)
 
     def reset(self, fill: float = 0.0) -> None:
         """Nothing to clear: no call reads a slot at or beyond its own first position."""

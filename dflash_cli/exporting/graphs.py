@@ -100,7 +100,9 @@ def plan_jobs(src: Path, shape: PairShape, options: ExportOptions, reduced=None)
                     )
         # "_prefix": the same module traced in its prefix-cache form for ONNX Runtime (see
         # StaticCacheTarget.use_prefix_cache); `written` makes it point at the weights already written.
-        for flavour in ("", "_prefix") if options.prefix_graphs else ("",):
+        # "_cb": the static form with a cache of several sequences (modeling/slot_cache.py), for QAIC.
+        flavours = ("", "_prefix") if options.prefix_graphs else ("",)
+        for flavour in flavours + (("_cb",) if options.full_batch_size > 1 else ()):
             jobs.append(_Job(gname, flavour, module, stand_in, store, rename, sources, sym))
     if reduced is None and getattr(target, "extra_inputs", ()):  # a vision-language target: its tower too
         from dflash_cli.exporting import vision_graph
@@ -157,6 +159,8 @@ def _export_jobs(
         }
     for job in jobs:
         job.module.use_prefix_cache(False)
+        if hasattr(job.module, "use_batch_index"):
+            job.module.use_batch_index(0)
         job.store.close()
     weight_sources.write(out, origins)
     return graphs
@@ -177,9 +181,12 @@ class _Job:
 
 
 def _trace(job: _Job, shape: PairShape, options: ExportOptions):
+    slots = options.full_batch_size if job.flavour == "_cb" else 0
     for m in (job.module, job.stand_in):
         if m is not None:
             m.use_prefix_cache(job.flavour == "_prefix")
+            if hasattr(m, "use_batch_index"):
+                m.use_batch_index(slots)
     traced = job.stand_in if job.stand_in is not None else job.module
     ins, outs = traced.io_names()
     if job.gname == "vision":
@@ -190,11 +197,13 @@ def _trace(job: _Job, shape: PairShape, options: ExportOptions):
     prefix_cache = job.flavour == "_prefix"
     # A prefix graph of a module that allows it takes several sequences per call (continuous batching)
     batched = prefix_cache and getattr(traced, "batched_prefix", False)
-    example = _example_inputs(job.gname, traced, shape, options.torch_dtype, prefix_cache, 2 if batched else 1)
+    example = _example_inputs(job.gname, traced, shape, options.torch_dtype, prefix_cache, 2 if batched else 1, slots)
     # The prefix form's symbolic cache inputs: K/V's filled slots, and a hybrid target's pending rows.
     past = tuple(n for n in ins if n.startswith(("past_key.", "past_value."))) if prefix_cache else ()
     rows = tuple(n for n in ins if n.startswith(PENDING_ROWS_INPUTS)) if prefix_cache else ()
     batch = tuple(ins) if batched else ()
+    if slots:  # a call carries any number of the cache's sequences; the cache itself has all of them
+        batch = tuple(n for n in ins if not n.startswith("past_"))
     # A DFlash draft's prefix graph drafts as many rows as it is handed (a DFlash2 draft's convolutions span a
     # fixed block): `dflash bench` times shorter drafts from one build (what a smaller dflash.block_size costs).
     block = ("input_ids", "position_ids") if prefix_cache and getattr(traced, "any_block_rows", False) else ()
@@ -263,7 +272,8 @@ def graph_facts(gname: str, module, shape: PairShape, flavour: str = "") -> dict
     return {
         **({"attention_windows": windows} if windows else {}),
         "onnx": f"{gname}{flavour}.onnx",
-        "cache": "prefix" if flavour else "static",
+        "cache": {"": "static", "_prefix": "prefix", "_cb": "slots"}[flavour],
+        **({"full_batch_size": module.full_batch_size} if flavour == "_cb" else {}),
         "inputs": ins,
         "outputs": outs,
         "num_layers": spec.num_layers if spec else len(module.draft.layers),
@@ -343,9 +353,10 @@ def _constant(t: torch.Tensor) -> Initializer:
 
 
 def _example_inputs(
-    gname: str, module, shape: PairShape, dtype: torch.dtype, prefix_cache: bool = False, batch: int = 1
+    gname: str, module, shape: PairShape, dtype: torch.dtype, prefix_cache: bool = False, batch: int = 1, slots: int = 0
 ) -> tuple:
-    """`batch` 2 (not 1, which the exporter would fix as a constant) traces a symbolic batch axis."""
+    """`batch` 2 (not 1, which the exporter would fix as a constant) traces a symbolic batch axis; `slots`: the
+    sequences a "_cb" graph's cache holds (its calls then carry 2 of them, and `batch_index`)."""
     B, P = shape.block, shape.prefill
     meta = torch.device("meta")
     from dflash_cli.modeling.hybrid_target import HybridCacheTarget
@@ -363,19 +374,24 @@ def _example_inputs(
         ]
     else:
         past = [
-            torch.empty(p.shape[:2] + (shape.ctx_len,) + p.shape[3:], dtype=dtype, device=meta)
+            torch.empty(
+                (slots or p.shape[0],) + p.shape[1:2] + (shape.ctx_len,) + p.shape[3:], dtype=dtype, device=meta
+            )
             for p in module.empty_cache(1)
         ]
+    batch = 2 if slots else batch
+    index = [torch.zeros(batch, 1, dtype=torch.long, device=meta)] if slots else []
     ids = torch.zeros(batch, B, dtype=torch.long, device=meta)
     if gname == "target":
         pos = torch.zeros(batch, B, dtype=torch.long)
         extra = [t.to(meta) for t in module.text_inputs(pos, dtype)] if getattr(module, "extra_inputs", ()) else []
-        return (ids, pos.to(meta), *extra, *past)
+        return (ids, pos.to(meta), *index, *extra, *past)
     return (
         ids,
         torch.zeros(batch, B, dtype=torch.long, device=meta),
         torch.zeros(batch, P, shape.hidden, dtype=dtype, device=meta),
         torch.zeros(batch, P, dtype=torch.long, device=meta),
+        *index,
         *past,
     )
 

@@ -44,11 +44,21 @@ class ExportOptions:
     # A lean export leaves out the checkpoint's weights (external_data.DEFERRED): an int8/int4 compile reads
     # them from the checkpoint, so a full-precision copy would only fill the cache.
     lean: bool = False
+    # Above 1: also target_cb.onnx / draft_cb.onnx, whose retained caches hold this many sequences and whose
+    # calls say which with `batch_index` (continuous batching on QAIC, modeling/slot_cache.py).
+    full_batch_size: int = 0
 
     @classmethod
-    def of(cls, export: Any, validation: Validation, lean: bool = False) -> ExportOptions:
+    def of(cls, export: Any, validation: Validation, lean: bool = False, full_batch_size: int = 0) -> ExportOptions:
         """From a recipe's `export` section; `validation` as the stage decided it for the pair's size."""
-        return cls(dtype=export.dtype, logits=export.logits, opset=export.opset, validation=validation, lean=lean)
+        return cls(
+            dtype=export.dtype,
+            logits=export.logits,
+            opset=export.opset,
+            validation=validation,
+            lean=lean,
+            full_batch_size=full_batch_size,
+        )
 
     @property
     def torch_dtype(self):

@@ -21,6 +21,7 @@ from dflash_cli.exporting.no_retrace import skip_retrace
 
 PENDING_ROWS = "pending_rows"
 BATCH = "batch"  # axis 0 of a batched prefix graph's inputs (sequences per call)
+SLOT_BATCH = "batch_size"  # the same in a graph with `batch_index` (QEfficient's name for it)
 PENDING_ROWS_INPUTS = ("past_delta.", "past_delta_positions")  # a hybrid target's inputs with that dim
 
 # Above this many parameter bytes the TorchScript graph keeps its weights in a side `.data` file (protobuf's 2 GB cap).
@@ -50,7 +51,7 @@ def trace_template(
     is handed: `dflash bench` times shorter drafts from one build)."""
     import onnxscript.rewriter.onnx_fusions
 
-    from dflash_cli.modeling.moe import onnx_translations
+    from dflash_cli.modeling import moe, slot_cache
 
     seq = torch.export.Dim("seq_len", min=1, max=8192)
     past_len = torch.export.Dim("past_len", min=1, max=1 << 20)
@@ -76,7 +77,8 @@ def trace_template(
                 dynamic_shapes=dynamic,
                 optimize=False,  # folding needs values; it runs below, once weights are lazily readable
                 verbose=False,
-                custom_translation_table=onnx_translations(),  # mixture-of-experts MLPs
+                # mixture-of-experts MLPs; the K/V writes of a cache of several sequences
+                custom_translation_table={**moe.onnx_translations(), **slot_cache.onnx_translations()},
             )
         except Exception as exc:  # the exporter's own error text is the useful part
             raise DFlashError(
@@ -271,6 +273,7 @@ def _name_seq_dims(path: Path) -> None:
     # a batched prefix graph's token inputs have a symbolic axis 0 (a vision tower's axis 0 is its patches)
     batched = any(i.name == "input_ids" and i.type.tensor_type.shape.dim[0].dim_param for i in model.graph.input)
     block = _block_rows(model)
+    slot_graph = any(i.name == "batch_index" for i in model.graph.input)
     for vi in [*model.graph.input, *model.graph.output]:
         is_past = vi.name.startswith("past_") and vi in model.graph.input
         for axis, dim in enumerate(vi.type.tensor_type.shape.dim):
@@ -279,7 +282,8 @@ def _name_seq_dims(path: Path) -> None:
             if axis == 1 and block and vi.name.startswith("draft_"):  # the proposals: all rows but the first
                 want = BLOCK_ROWS + "-1"
             want = BLOCK_ROWS if axis == 1 and vi.name in block else want
-            want = BATCH if axis == 0 and batched else want
+            # a "_cb" graph's calls: `batch_size`, the symbol QAIC's specializations fix (qaic/specs.py)
+            want = (SLOT_BATCH if slot_graph else BATCH) if axis == 0 and batched else want
             if dim.HasField("dim_param") and dim.dim_param != want:
                 dim.dim_param = want
                 changed = True

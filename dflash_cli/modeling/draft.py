@@ -22,6 +22,7 @@ from dflash_cli.modeling.layers import (
     grouped_attention,
     write_cache,
 )
+from dflash_cli.modeling.slot_cache import SlotRows, read_rows
 
 
 class DraftAttention(nn.Module):
@@ -173,8 +174,16 @@ class StaticCacheDraft(nn.Module):
         """Whether the block may be of any length (not a DFlash2 draft, whose convolutions span a fixed block)."""
         return not self.draft.dflash2
 
+    full_batch_size = 0  # as StaticCacheTarget's: `batch_index` after context_position_ids, caches of that many
+
+    def use_batch_index(self, full_batch_size: int) -> None:
+        self.full_batch_size = full_batch_size
+
     def forward(self, input_ids, position_ids, context_features, context_position_ids, *past):
         d = self.draft
+        where = context_position_ids
+        if self.full_batch_size:
+            where, past = SlotRows(past[0].reshape(-1), context_position_ids), past[1:]
         new_kv = d.context_kv(context_features, context_position_ids)
         retained, per_layer = [], []
         for i, (k, v) in enumerate(new_kv):
@@ -182,9 +191,10 @@ class StaticCacheDraft(nn.Module):
                 (ck, keep_k), (cv, keep_v) = append_cache(past[2 * i], k), append_cache(past[2 * i + 1], v)
                 retained += [keep_k, keep_v]
             else:
-                ck = write_cache(past[2 * i], context_position_ids, k)
-                cv = write_cache(past[2 * i + 1], context_position_ids, v)
+                ck = write_cache(past[2 * i], where, k)
+                cv = write_cache(past[2 * i + 1], where, v)
                 retained += [ck, cv]
+                ck, cv = read_rows(ck, where), read_rows(cv, where)
             per_layer.append((ck, cv))
         if self.prefix_cache:
             cache_visible = self._prefix_visible(past[0], context_position_ids)
@@ -217,5 +227,6 @@ class StaticCacheDraft(nn.Module):
     def io_names(self) -> tuple[list[str], list[str]]:
         cache_in = [f"past_{kv}.{i}" for i in range(len(self.draft.layers)) for kv in ("key", "value")]
         head = ["draft_tokens", "draft_confidence", *(["draft_logits"] if self.emit_logits else [])]
-        inputs = ["input_ids", "position_ids", "context_features", "context_position_ids", *cache_in]
+        slots = ["batch_index"] if self.full_batch_size else []
+        inputs = ["input_ids", "position_ids", "context_features", "context_position_ids", *slots, *cache_in]
         return inputs, [*head, *cache_outputs(cache_in, self.prefix_cache)]

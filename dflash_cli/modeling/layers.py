@@ -149,17 +149,17 @@ def grouped_attention(
     b, h, s, d = q.shape
     kvh, t = k.shape[1], k.shape[2]
     groups = h // kvh
-    qg = q.reshape(b, kvh, groups * s, d)
+    qg = q.reshape(b, kvh, -1, d)  # -1: one symbolic product fewer for shape inference
     # `scale`: Gemma 4 normalises q and k and scales by 1, where others use 1/sqrt(d)
     scores = torch.matmul(qg, k.transpose(-1, -2)) * (d**-0.5 if scale is None else scale)  # [b, kvh, groups*s, t]
     scores = scores.reshape(b, kvh, groups, s, t)
     mask = visible[:, :, None]  # [b, 1, 1, s, t]
     scores = torch.where(mask, scores, MASKED_SCORE)  # a scalar: no full-size constant per call
     if sinks is None:
-        probs = torch.softmax(scores, dim=-1).reshape(b, kvh, groups * s, t)
+        probs = torch.softmax(scores, dim=-1).reshape(b, kvh, -1, t)
     else:  # gpt-oss: one more logit per head in the softmax, whose share of attention goes nowhere
         sink = sinks.to(scores.dtype).reshape(1, kvh, groups, 1, 1).expand(b, kvh, groups, s, 1)
-        probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :t].reshape(b, kvh, groups * s, t)
+        probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :t].reshape(b, kvh, -1, t)
     # A slot is live when some query sees it (mean, not any/max: ReduceMax is not on the QAIC allow-list).
     live = (visible.to(probs.dtype).mean(dim=2) > 0)[..., None]  # [b, 1, t, 1]
     v = torch.where(live, v, 0.0)
@@ -172,8 +172,13 @@ def write_cache(cache: torch.Tensor, positions: torch.Tensor, new: torch.Tensor)
 
     Negative positions (padding) go to the spare last slot C-1, which no live query ever sees:
     ONNX scatter ops would wrap -1 to that slot anyway, but we make it explicit so no backend's
-    treatment of negative indices matters.
+    treatment of negative indices matters. `positions` may be a slot_cache.SlotRows (a graph whose cache holds
+    several sequences): the rows are then written into their own slots.
     """
+    if not isinstance(positions, torch.Tensor):
+        from dflash_cli.modeling.slot_cache import write_slots
+
+        return write_slots(cache, positions, new)
     spare = cache.shape[2] - 1
     idx = torch.where(positions < 0, torch.full_like(positions, spare), positions)
     idx = idx[:, None, :, None].expand(new.shape[0], new.shape[1], new.shape[2], new.shape[3])

@@ -22,6 +22,7 @@ from dflash_cli.modeling.layers import (
     grouped_attention,
     write_cache,
 )
+from dflash_cli.modeling.slot_cache import SlotRows, read_rows
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,7 @@ class TargetAttention(nn.Module):
             return self.o_proj(grouped_attention(q, new_k, new_v, visible, sinks)), keep_k, keep_v
         new_k = write_cache(past_k, positions, k)
         new_v = write_cache(past_v, positions, v)
-        out = grouped_attention(q, new_k, new_v, visible, sinks)
+        out = grouped_attention(q, read_rows(new_k, positions), read_rows(new_v, positions), visible, sinks)
         return self.o_proj(out), new_k, new_v
 
 
@@ -198,8 +199,17 @@ class StaticCacheTarget(nn.Module):
 
     # Inputs between position_ids and the caches (a vision-language target's, modeling/vl_target.py).
     extra_inputs: tuple[str, ...] = ()
+    # Continuous batching on an accelerator (modeling/slot_cache.py): a `batch_index` input [b, 1] right after
+    # position_ids, and caches of this many sequences. 0: the one-sequence graph.
+    full_batch_size = 0
+
+    def use_batch_index(self, full_batch_size: int) -> None:
+        self.full_batch_size = full_batch_size
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, *rest: torch.Tensor):
+        where = position_ids  # where each row's K/V go: its positions, or its slot's positions
+        if self.full_batch_size:
+            where, rest = SlotRows(rest[0].reshape(-1), position_ids), rest[1:]
         extra, past = rest[: len(self.extra_inputs)], rest[len(self.extra_inputs) :]
         slots_seen = past[0].shape[1] + input_ids.shape[1] if self.prefix_cache else past[0].shape[2]
         angles = self.rope(position_ids, *extra)
@@ -210,7 +220,7 @@ class StaticCacheTarget(nn.Module):
         last = self.spec.num_layers - 1 if self.normed_tap is None else self.normed_tap
         for i, layer in enumerate(self.model.layers):
             seen = windowed[self.spec.windows[i]] if self.spec.windows and self.spec.windows[i] else visible
-            x, k, v = layer(x, *self.layer_angles(i, angles), position_ids, seen, past[2 * i], past[2 * i + 1])
+            x, k, v = layer(x, *self.layer_angles(i, angles), where, seen, past[2 * i], past[2 * i + 1])
             retained += [k, v]
             if i in self.layer_ids and i != last:
                 taps[i] = x
@@ -266,5 +276,6 @@ class StaticCacheTarget(nn.Module):
     def io_names(self) -> tuple[list[str], list[str]]:
         cache_in = [f"past_{kv}.{i}" for i in range(self.spec.num_layers) for kv in ("key", "value")]
         head = ["tokens", "logits", "context_features"] if self.emit_logits else ["tokens", "context_features"]
-        ins = ["input_ids", "position_ids", *self.extra_inputs, *cache_in]
+        slots = ["batch_index"] if self.full_batch_size else []
+        ins = ["input_ids", "position_ids", *slots, *self.extra_inputs, *cache_in]
         return ins, [*head, *cache_outputs(cache_in, self.prefix_cache)]

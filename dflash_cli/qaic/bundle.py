@@ -26,6 +26,7 @@ from dflash_cli.qaic.specs import (
     QPC_DIR,
     has_retained_state,
     onnx_has_local_functions,
+    program_graph,
     programs_of,
     read_export_json,
     write_graph_inputs,
@@ -65,7 +66,7 @@ def emit_bundle(
 
     commands: dict[str, list[str]] = {}
     for graph in programs_of(info):
-        graph_info = info["graphs"][graph]
+        graph_info = program_graph(info, graph)
         onnx_name = graph_info["onnx"]
         graph_options = options.for_graph(graph, vision)
         copy_onnx_with_data(export_dir / onnx_name, dest_dir / onnx_name)

@@ -135,6 +135,7 @@ class QaicCompileOptions:
     def from_mapping(cls, data: Mapping[str, Any] | None) -> QaicCompileOptions:
         """Build from a recipe mapping; unknown keys are an error, never silently dropped."""
         data = dict(data or {})
+        data.pop("full_batch_size", None)  # shapes the exported graphs (qaic/slots.py), not a compiler flag
         for graph in PROGRAMS:  # the recipe's nested per-program sections, flattened
             section = data.pop(graph, None) or {}
             for key in ("num_cores", "devices"):

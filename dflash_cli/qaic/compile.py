@@ -27,6 +27,7 @@ from dflash_cli.qaic.specs import (
     SPECIALIZATIONS_FILE,
     has_retained_state,
     onnx_has_local_functions,
+    program_graph,
     programs_of,
     read_export_json,
     write_graph_inputs,
@@ -102,7 +103,7 @@ def compile_graphs(
     vision = "vision" in programs_of(info)
     options.check_fit(cores_per_device(hw_version, sdk), vision)  # before minutes of compiling, not at first run
     for graph in programs_of(info):
-        graph_info = info["graphs"][graph]
+        graph_info = program_graph(info, graph)
         onnx_path = export_dir / graph_info["onnx"]
         work = out_dir / graph
         graph_options = options.for_graph(graph, vision)

@@ -161,6 +161,9 @@ class QaicSession:
             self._exec = self._rt.ExecObj(self._context, self._program)
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if "batch_index" in self.input_names and "batch_index" not in feeds:
+            # a program whose cache holds several sequences (qaic/slots.py), run as a one-sequence session: slot 0
+            feeds = {**feeds, "batch_index": np.zeros((np.shape(feeds["input_ids"])[0], 1), np.int64)}
         missing = [n for n in self.input_names if n not in feeds]
         if missing:
             raise ValueError(f"{self.name}: missing inputs {missing}")
@@ -192,6 +195,15 @@ class QaicSession:
                 array = array.astype(np.float32)
             result[b.name] = array
         return result
+
+    def serves(self, shapes: Mapping[str, Sequence[int]]) -> bool:
+        """Whether a compiled specialization takes inputs of these shapes (name -> dims; names left out match)."""
+        if not self._shape_sets:
+            return all(list(dims) == list(b.dims) for b in self._bindings if (dims := shapes.get(b.name)) is not None)
+        return any(
+            all(list(shapes[b.name]) == s[b.index] for b in self._bindings if b.name in shapes)
+            for s in self._shape_sets
+        )
 
     def _output_shapes(self, feeds: Mapping[str, np.ndarray]) -> dict[int, list[int]]:
         """Binding index -> dims of the specialization whose input shapes match `feeds`."""

@@ -25,6 +25,12 @@ def programs_of(info: Mapping[str, Any]) -> tuple[str, ...]:
     return (*GRAPHS, *(("vision",) if "vision" in info.get("graphs", {}) else ()))
 
 
+def program_graph(info: Mapping[str, Any], program: str) -> Mapping[str, Any]:
+    """The graph a program compiles from: where the export wrote one whose cache holds several sequences
+    (compile.qaic.full_batch_size, "target_cb"), that one; else the one-sequence graph."""
+    return info["graphs"].get(f"{program}_cb") or info["graphs"][program]
+
+
 SPECIALIZATIONS_FILE = "specializations.json"
 CUSTOM_IO_FILE = "custom_io.yaml"
 PARTITION_FILE = "mdp_partition.json"
@@ -96,21 +102,27 @@ def specializations(
     Only symbols that are dim_params of the ONNX are listed: a symbol the graph does not
     have binds nothing, and we do not rely on how a given SDK treats one. A dim_param we
     have no value for is an export bug the compiler would reject later and less clearly.
-    Two entries with identical symbols (prefill length == block size) collapse into one.
+    Two entries with identical symbols (prefill length == block size) collapse into one. A graph whose cache
+    holds several sequences (`full_batch_size`) also serves each call kind but prefill with all of them at once
+    (prefill chunks run one sequence at a time, as QEfficient's continuous batching does).
     """
     unknown = sorted(set(dim_params) - set(KNOWN_SYMBOLS))
     if unknown:
         raise BackendError(
             f"the {graph_info.get('onnx', 'ONNX')} graph has symbolic dims the compiler cannot fix: "
             f"{', '.join(unknown)}",
-            hint="re-export; only seq_len may be symbolic",
+            hint="re-export; only seq_len (and batch_size, with batch_index) may be symbolic",
         )
     entries: list[tuple[str, dict[str, str]]] = []
-    for kind, seq_len in graph_info["seq_lens"].items():
-        values = {"batch_size": batch_size, "seq_len": seq_len, "ctx_len": ctx_len}
+    full = graph_info.get("full_batch_size", 0)
+    kinds = [(kind, seq_len, batch_size, "") for kind, seq_len in graph_info["seq_lens"].items()]
+    if full:
+        kinds += [(kind, n, full, f"x{full}") for kind, n in graph_info["seq_lens"].items() if kind != "prefill"]
+    for kind, seq_len, batch, tag in kinds:
+        values = {"batch_size": batch, "seq_len": seq_len, "ctx_len": ctx_len}
         symbols = {k: str(values[k]) for k in KNOWN_SYMBOLS if k in dim_params}
         if all(symbols != seen for _, seen in entries):
-            entries.append((kind.capitalize(), symbols))
+            entries.append((kind.capitalize() + tag, symbols))
     if fmt == "legacy":
         # Older SDKs: a plain list of string dicts, no names.
         return {"specializations": [symbols for _, symbols in entries]}

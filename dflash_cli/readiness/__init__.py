@@ -24,8 +24,10 @@ def check_graph(
     *,
     graph_name: str | None = None,
     ops_file: Path | None = None,
+    batch_size: int = 0,
 ) -> GraphReadiness:
-    """Check one graph; `specializations` maps a name to its seq_len ({"prefill": 128, ...})."""
+    """Check one graph; `specializations` maps a name to its seq_len ({"prefill": 128, ...}); `batch_size`: the
+    sequences per call of a graph with batch_index (its largest specialization)."""
     import onnx
 
     from dflash_cli.readiness.fp16_lint import fp16_hazards
@@ -40,7 +42,7 @@ def check_graph(
     return GraphReadiness(
         graph=graph_name or onnx_path.stem,
         onnx=str(onnx_path),
-        shapes=[check_static_shapes(model, name, seq_len) for name, seq_len in specializations.items()],
+        shapes=[check_static_shapes(model, name, seq_len, batch_size) for name, seq_len in specializations.items()],
         ops=sorted(used),
         unsupported_ops=unsupported_ops(used, allowed),
         ops_source=source,
@@ -51,17 +53,18 @@ def check_graph(
 def readiness_report(export_dir: Path, *, ops_file: Path | None = None) -> Report:
     """The graphs of an export artifact (target, draft, and a vision-language target's tower), each at the
     seq_lens export.json lists for it."""
-    from dflash_cli.qaic.specs import GRAPHS, read_export_json
+    from dflash_cli.qaic.specs import GRAPHS, program_graph, read_export_json
 
     export_dir = Path(export_dir)
     info = read_export_json(export_dir)
     names = [*GRAPHS, *(["vision"] if "seq_lens" in info["graphs"].get("vision", {}) else [])]
     graphs = [
         check_graph(
-            export_dir / info["graphs"][g]["onnx"],
-            info["graphs"][g]["seq_lens"],
+            export_dir / program_graph(info, g)["onnx"],
+            program_graph(info, g)["seq_lens"],
             graph_name=g,
             ops_file=ops_file,
+            batch_size=program_graph(info, g).get("full_batch_size", 0),
         )
         for g in names
     ]

@@ -55,11 +55,12 @@ def _shape_text(value: onnx.ValueInfoProto) -> str | None:
     return None if static else f"[{', '.join(dims)}]"
 
 
-def check_static_shapes(model: onnx.ModelProto, name: str, seq_len: int) -> ShapeCheck:
-    """One specialization: fix `seq_len`, infer, list every tensor whose shape is not static."""
+def check_static_shapes(model: onnx.ModelProto, name: str, seq_len: int, batch_size: int = 0) -> ShapeCheck:
+    """One specialization: fix `seq_len` (and `batch_size`, of a graph with batch_index), infer, list every
+    tensor whose shape is not static."""
     import onnx
 
-    fixed = fix_symbols(model, {SEQ_SYMBOL: seq_len})
+    fixed = fix_symbols(model, {SEQ_SYMBOL: seq_len, **({"batch_size": batch_size} if batch_size else {})})
     try:
         inferred = onnx.shape_inference.infer_shapes(fixed, strict_mode=True, data_prop=True)
     except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as exc:

@@ -33,8 +33,9 @@ FULL_VALIDATION_BYTES = 1 << 30  # float32 bytes of both graphs up to which the 
 # 9 = the dense prefix graphs take a symbolic batch (several sequences per call);
 # 10 = the draft also returns draft_confidence (its probability of each proposed token), via logsumexp;
 # 11 = draft_confidence via TopK / Exp / ReduceMean (finite in fp16, on the QAIC op list);
-# 12 = a DFlash draft's prefix graph drafts a block of any length (symbolic `block_len`).
-GRAPH_REVISION = 12
+# 12 = a DFlash draft's prefix graph drafts a block of any length (symbolic `block_len`);
+# 13 = attention reshapes by -1 (shape inference resolves them with a symbolic batch), and the "_cb" graphs.
+GRAPH_REVISION = 13
 
 
 class ExportStage:
@@ -55,6 +56,7 @@ class ExportStage:
             "dtype": e.dtype,
             "logits": e.logits,
             "validate": e.validate_outputs,
+            **({"full_batch_size": full_batch_size(recipe)} if full_batch_size(recipe) else {}),
         }
 
     def run(self, ctx: StageContext) -> dict[str, Any]:
@@ -71,6 +73,10 @@ class ExportStage:
         check_window(json.loads((src / "draft" / "config.json").read_text()), C)
         if problems:
             raise RecipeError(problems[0], hint="set export.prefill_seq_len / export.ctx_len in the recipe or by --set")
+        if e.exporter == "torchscript" and full_batch_size(ctx.recipe):
+            raise RecipeError(
+                "compile.qaic.full_batch_size needs the dynamo exporter", hint="--set export.exporter=dynamo"
+            )
         if e.exporter == "torchscript" and e.dtype != "fp32":
             raise RecipeError(
                 "export.exporter=torchscript supports export.dtype=fp32 only",
@@ -83,7 +89,7 @@ class ExportStage:
         if e.validate_outputs:  # a large pair validates a reduced model: memory bounded whatever its size
             # (and a lean export's own graphs cannot run: their weights are left out)
             validation = "reduced" if lean or _fp32_bytes(src) > FULL_VALIDATION_BYTES else "full"
-        options = ExportOptions.of(e, validation, lean)
+        options = ExportOptions.of(e, validation, lean, full_batch_size(ctx.recipe))
         if lean:
             ctx.progress("lean export: the compile reads the checkpoint's weights from the checkpoint (export.weights)")
         reduced = None
@@ -94,7 +100,7 @@ class ExportStage:
             too_big = _validation_does_not_fit(plan.fp32_bytes(src))
             if too_big:  # the kernel would kill the build without a word; say why and go on unvalidated
                 ctx.progress(f"validation skipped: {too_big} (the compile stage still checks its graphs)")
-                options = ExportOptions.of(e, "off", lean)
+                options = ExportOptions.of(e, "off", lean, full_batch_size(ctx.recipe))
             else:
                 reduced = ReducedGraphs(src, out, plan, options)
         if e.exporter == "dynamo":
@@ -164,6 +170,12 @@ def lean_export(recipe: Any) -> bool:
     c = recipe.compile
     e = recipe.export
     return e.weights == "auto" and e.exporter == "dynamo" and c.backend == "ort" and c.ort.precision != "fp32"
+
+
+def full_batch_size(recipe: Any) -> int:
+    """The sequences a QAIC build's caches hold, where above 1 (its export then writes the "_cb" graphs), else 0."""
+    c = recipe.compile
+    return c.qaic.full_batch_size if c.backend == "qaic" and c.qaic.full_batch_size > 1 else 0
 
 
 def _checkpoint_bytes(target_dir: Path) -> int:
