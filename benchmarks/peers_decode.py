@@ -104,10 +104,15 @@ def llama_model(pair: Path, work: Path, src: Path, quant: str, outtype: str = "f
             "q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0,
             "q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0,
             "q4_k_m": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M,
+            "mxfp4_moe": llama_cpp.LLAMA_FTYPE_MOSTLY_MXFP4_MOE,  # gpt-oss as published: MXFP4 experts
         }[quant]
         params.nthread = 2
-        if llama_cpp.llama_model_quantize(str(f32).encode(), str(out).encode(), params) != 0:
+        params.allow_requantize = True  # gpt-oss's experts arrive as MXFP4 in the converted file
+        part = out.with_suffix(".part")  # a killed or failed run leaves no file a rerun would take as done
+        if llama_cpp.llama_model_quantize(str(f32).encode(), str(part).encode(), params) != 0:
+            part.unlink(missing_ok=True)
             raise SystemExit(f"llama.cpp could not quantise {f32} to {quant}")
+        part.rename(out)
     return out
 
 

@@ -344,6 +344,8 @@ PAIRS = {
     # gpt-oss-20b whole (an int8/int4 build's export stores no weights), and 4 of its 24 layers
     "gpt-oss-20b": (_gpt_oss(24), GPT_OSS_SPECIAL, 5, 5760, 16, 200000, [1, 6, 11, 16, 21]),
     "gpt-oss-20b-4l": (_gpt_oss(4), GPT_OSS_SPECIAL, 5, 5760, 16, 200000, [0, 1, 2, 3]),
+    # and 2: the difference of the two slices is what 2 more layers cost (projected to 24 by peers and dflash)
+    "gpt-oss-20b-2l": (_gpt_oss(2), GPT_OSS_SPECIAL, 5, 5760, 16, 200000, [0, 1]),
     "qwen3-vl-8b": (_qwen3_vl_8b(), QWEN3_VL_SPECIAL, 5, 12288, 16, 151669, [1, 9, 17, 25, 33]),
     # 12 of Gemma 4 31B's 60 layers (10 window, 2 global) at their real widths (the whole is 62 GB of bf16)
     "gemma-4-31b-12l": (_gemma4_31b(12), GEMMA4_SPECIAL, 5, 21504, 16, 4, [1, 3, 5, 7, 9]),
