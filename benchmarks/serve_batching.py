@@ -91,18 +91,24 @@ def load(url: str, prompts: list[str], clients: int, body: dict, seed: int) -> d
     }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def load_options(doc: str) -> argparse.ArgumentParser:
+    """The options this script and serve_guidellm.py share: the server's build and the load."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--recipe", default="demo")
     ap.add_argument("--cache-dir")
     ap.add_argument("--set", action="append", default=[], dest="sets")
-    ap.add_argument("--modes", default="plain,dflash,hybrid")
     ap.add_argument("--max-batch", default="1,4")
     ap.add_argument("--clients", default="1,2,4,8")
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--seed", type=int, default=5)
+    return ap
+
+
+def main() -> None:
+    ap = load_options(__doc__)
+    ap.add_argument("--modes", default="plain,dflash,hybrid")
+    ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/serve-batching")
     args = ap.parse_args()
 

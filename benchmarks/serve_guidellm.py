@@ -12,7 +12,6 @@ tokens/s, the median and p99 inter-token latency and time to first token, as Gui
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -21,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from serve_batching import start_server  # noqa: E402
+from serve_batching import load_options, start_server  # noqa: E402
 
 
 def scenario(url: str, model: str, data: Path, tokenizer: Path, clients: int, requests: int, report: Path) -> dict:
@@ -60,15 +59,7 @@ def summary(report: Path) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--recipe", default="demo")
-    ap.add_argument("--cache-dir")
-    ap.add_argument("--set", action="append", default=[], dest="sets")
-    ap.add_argument("--max-batch", default="1,4")
-    ap.add_argument("--clients", default="1,2,4,8")
-    ap.add_argument("--requests", type=int, default=32)
-    ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--seed", type=int, default=5)
+    ap = load_options(__doc__)
     ap.add_argument("--mode", default="dflash", choices=("plain", "dflash", "hybrid"), help="plain: a random pair's")
     ap.add_argument("--client-venv", type=Path, default=ROOT / ".client-venv")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/serve-guidellm")
