@@ -9,6 +9,7 @@ import numpy as np
 import onnx
 import pytest
 
+from dflash_cli.exporting.names import BLOCK_ROWS
 from dflash_cli.exporting.options import ExportOptions
 from dflash_cli.modeling.loading import target_config
 from tests.exports import OPTIONS, REFUSAL, export, inject
@@ -23,7 +24,8 @@ def _feeds(session, rng) -> dict[str, np.ndarray]:
     s, filled = 4, 9
     feeds = {}
     for i in session.get_inputs():
-        dims = [s if d == "seq_len" else filled if isinstance(d, str) else d for d in i.shape]
+        # a call's rows (a draft prefix graph's block_len too) are s; every other symbolic dim is the filled cache
+        dims = [s if d in ("seq_len", BLOCK_ROWS) else filled if isinstance(d, str) else d for d in i.shape]
         if i.name == "input_ids":
             feeds[i.name] = rng.integers(0, 300, dims).astype(np.int64)
         elif i.name == "position_ids":
