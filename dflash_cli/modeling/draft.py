@@ -26,6 +26,8 @@ from dflash_cli.modeling.slot_cache import SlotRows, read_rows
 
 
 class DraftAttention(nn.Module):
+    any_rows = False  # set in a slot-cache graph (use_batch_index): see grouped_attention
+
     def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float) -> None:
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
@@ -52,7 +54,9 @@ class DraftAttention(nn.Module):
         q = self.q_norm(self.q_proj(x).view(b, s, self.heads, self.head_dim)).transpose(1, 2)
         q = apply_rope(q, cos, sin)
         k, v = self._kv(x, cos, sin)
-        out = grouped_attention(q, torch.cat([ctx_k, k], dim=2), torch.cat([ctx_v, v], dim=2), visible)
+        out = grouped_attention(
+            q, torch.cat([ctx_k, k], dim=2), torch.cat([ctx_v, v], dim=2), visible, any_rows=self.any_rows
+        )
         return self.o_proj(out)
 
 
@@ -178,6 +182,8 @@ class StaticCacheDraft(nn.Module):
 
     def use_batch_index(self, full_batch_size: int) -> None:
         self.full_batch_size = full_batch_size
+        for layer in self.draft.layers:
+            layer.self_attn.any_rows = bool(full_batch_size)
 
     def forward(self, input_ids, position_ids, context_features, context_position_ids, *past):
         d = self.draft

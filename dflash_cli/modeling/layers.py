@@ -137,6 +137,7 @@ def grouped_attention(
     visible: torch.Tensor,
     sinks: torch.Tensor | None = None,
     scale: float | None = None,
+    any_rows: bool = False,
 ) -> torch.Tensor:
     """Attention with grouped KV heads, without materialising repeated K/V.
 
@@ -145,21 +146,25 @@ def grouped_attention(
     Cache slots no query can see are zeroed in V: on an accelerator the retained cache starts as
     whatever the device buffer held (QEfficient never feeds it zeros), and a weight of 0 times a
     NaN left there is still NaN. Masked K needs nothing: the Where on the scores discards it.
+    `any_rows` reshapes the query rows with -1: a slot-cache graph's ("_cb") shapes then infer static
+    per specialization; a prefix graph keeps the product, which torch.onnx's re-trace spells the same way
+    (tests/test_no_retrace.py).
     """
     b, h, s, d = q.shape
     kvh, t = k.shape[1], k.shape[2]
     groups = h // kvh
-    qg = q.reshape(b, kvh, -1, d)  # -1: one symbolic product fewer for shape inference
+    rows = -1 if any_rows else groups * s
+    qg = q.reshape(b, kvh, rows, d)
     # `scale`: Gemma 4 normalises q and k and scales by 1, where others use 1/sqrt(d)
     scores = torch.matmul(qg, k.transpose(-1, -2)) * (d**-0.5 if scale is None else scale)  # [b, kvh, groups*s, t]
     scores = scores.reshape(b, kvh, groups, s, t)
     mask = visible[:, :, None]  # [b, 1, 1, s, t]
     scores = torch.where(mask, scores, MASKED_SCORE)  # a scalar: no full-size constant per call
     if sinks is None:
-        probs = torch.softmax(scores, dim=-1).reshape(b, kvh, -1, t)
+        probs = torch.softmax(scores, dim=-1).reshape(b, kvh, rows, t)
     else:  # gpt-oss: one more logit per head in the softmax, whose share of attention goes nowhere
         sink = sinks.to(scores.dtype).reshape(1, kvh, groups, 1, 1).expand(b, kvh, groups, s, 1)
-        probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :t].reshape(b, kvh, -1, t)
+        probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :t].reshape(b, kvh, rows, t)
     # A slot is live when some query sees it (mean, not any/max: ReduceMax is not on the QAIC allow-list).
     live = (visible.to(probs.dtype).mean(dim=2) > 0)[..., None]  # [b, 1, t, 1]
     v = torch.where(live, v, 0.0)

@@ -117,7 +117,9 @@ class TargetAttention(nn.Module):
             return self.o_proj(grouped_attention(q, new_k, new_v, visible, sinks)), keep_k, keep_v
         new_k = write_cache(past_k, positions, k)
         new_v = write_cache(past_v, positions, v)
-        out = grouped_attention(q, read_rows(new_k, positions), read_rows(new_v, positions), visible, sinks)
+        out = grouped_attention(
+            q, read_rows(new_k, positions), read_rows(new_v, positions), visible, sinks, any_rows=True
+        )
         return self.o_proj(out), new_k, new_v
 
 
