@@ -24,6 +24,7 @@ from dflash_cli.exporting.external_data import Initializer, WrittenTensors
 from dflash_cli.exporting.options import ExportOptions, PairShape
 from dflash_cli.exporting.replicate import LayerPlan, ReplicationError, grow_layers
 from dflash_cli.exporting.torch_to_onnx import PENDING_ROWS_INPUTS, save_streamed, trace_template
+from dflash_cli.exporting.write_progress import Throttled
 from dflash_cli.weights import WeightStore
 
 
@@ -127,7 +128,7 @@ def _export_jobs(
     for job in jobs:
         t0 = time.perf_counter()
         name = job.gname + job.flavour
-        report = _Throttled(progress, name)
+        report = Throttled(progress, name)
         path = out / f"{name}.onnx"
         nbytes = None
         if job.stand_in is not None:
@@ -394,17 +395,3 @@ def _example_inputs(
         *index,
         *past,
     )
-
-
-class _Throttled:
-    """Progress lines at most every few seconds: tensor k of n and bytes written."""
-
-    def __init__(self, progress: Callable[[str], None], gname: str, every_s: float = 3.0) -> None:
-        self.progress, self.gname, self.every_s = progress, gname, every_s
-        self.last = 0.0
-
-    def __call__(self, done: int, total: int, nbytes: int) -> None:
-        now = time.monotonic()
-        if done == total or now - self.last >= self.every_s:
-            self.last = now
-            self.progress(f"{self.gname}.onnx: tensor {done}/{total}, {nbytes / 1e9:.2f} GB written")
