@@ -180,12 +180,15 @@ def write_cache(cache: torch.Tensor, positions: torch.Tensor, new: torch.Tensor)
     treatment of negative indices matters. `positions` may be a slot_cache.SlotRows (a graph whose cache holds
     several sequences): the rows are then written into their own slots.
     """
-    if not isinstance(positions, torch.Tensor):
-        from dflash_cli.modeling.slot_cache import write_slots
-
-        return write_slots(cache, positions, new)
+    slots = None if isinstance(positions, torch.Tensor) else positions
+    if slots is not None:
+        positions = slots.positions
     spare = cache.shape[2] - 1
     idx = torch.where(positions < 0, torch.full_like(positions, spare), positions)
+    if slots is not None:
+        from dflash_cli.modeling.slot_cache import scatter_slots
+
+        return scatter_slots(cache, slots.rows, idx, new)
     idx = idx[:, None, :, None].expand(new.shape[0], new.shape[1], new.shape[2], new.shape[3])
     return cache.scatter(2, idx, new)
 

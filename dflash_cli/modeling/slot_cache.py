@@ -34,13 +34,6 @@ def _(cache, rows, positions, new):
     return torch.empty_like(cache)
 
 
-def write_slots(cache: torch.Tensor, where: SlotRows, new: torch.Tensor) -> torch.Tensor:
-    """Scatter new K or V [b, kvh, s, d] into the full cache [full_batch, kvh, C, d]."""
-    spare = cache.shape[2] - 1
-    pos = torch.where(where.positions < 0, torch.full_like(where.positions, spare), where.positions)
-    return scatter_slots(cache, where.rows, pos, new)
-
-
 def read_rows(cache: torch.Tensor, where) -> torch.Tensor:
     """The call's own sequences' caches [b, kvh, C, d] (a Gather), or `cache` itself in a one-sequence graph."""
     return cache.index_select(0, where.rows) if isinstance(where, SlotRows) else cache
