@@ -10,6 +10,11 @@ answered. Reports total output tokens/s (all tokens / wall time from the first s
 and p50/p99 time per output token after the first, per request; and checks every answer's text against
 the same prompt decoded alone by this process's engine (`dflash run`'s), greedy or with the same seed.
 Writes JSON and a Markdown table to --out.
+
+`--emulate STEP_COST.json --emulate-t1-ms T`: the server's calls cost what another model's do
+(emulated_costs.py; batched calls by their total rows), e.g. the demo pair's acceptance at the 4B shape's
+int4 costs. Then a mode `hybrid-own` is the hybrid charging verify time at each request's own rate, not at
+that of every sequence sharing the call (the A/B of that rule).
 """
 
 from __future__ import annotations
@@ -30,10 +35,19 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from serve_load import percentile, stream_request  # noqa: E402
 
 
-def start_server(recipe: str, cache_dir: str | None, sets: list[str], max_batch: int, mode: str):
+def start_server(recipe: str, cache_dir: str | None, sets: list[str], max_batch: int, mode: str, emulate=None):
+    """`emulate`: (STEP_COST.json, T1 ms) for emulated_costs.py; a mode ending in -own charges verify time at
+    the request's own rate."""
     import re
 
-    cmd = [sys.executable, "-m", "dflash_cli", "serve", "-r", recipe, "--port", "0", "--max-batch", str(max_batch)]
+    mode, own = mode.removesuffix("-own"), mode.endswith("-own")
+    cmd = [sys.executable, "-m", "dflash_cli"]
+    if own and not emulate:
+        raise SystemExit(f"mode {mode}-own needs --emulate")
+    if emulate:
+        wrapper = [str(ROOT / "benchmarks/emulated_costs.py"), str(emulate[0]), str(emulate[1])]
+        cmd = [sys.executable, *wrapper, *(["--own-rate"] if own else []), "--"]
+    cmd += ["serve", "-r", recipe, "--port", "0", "--max-batch", str(max_batch)]
     cmd += ["--queue-size", "64"] + (["--cache-dir", cache_dir] if cache_dir else [])
     cmd += [x for s in sets for x in ("--set", s)]
     if mode == "plain":
@@ -110,6 +124,9 @@ def main() -> None:
     ap.add_argument("--modes", default="plain,dflash,hybrid")
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/serve-batching")
+    ap.add_argument("--emulate", type=Path, help="graph_step_cost.py JSON the server's calls are padded to")
+    ap.add_argument("--emulate-t1-ms", type=float, default=20.0)
+    ap.add_argument("--name", help="the results' file name (default: the recipe's)")
     args = ap.parse_args()
 
     from dflash_cli.bench import load_dataset
@@ -122,7 +139,7 @@ def main() -> None:
     body = {"max_tokens": args.max_tokens, "temperature": args.temperature, "seed": args.seed}
     modes = args.modes.split(",")
     alone: dict[str, list[str]] = {}
-    for mode in modes:  # each prompt decoded alone, as `dflash run` does
+    for mode in {m.removesuffix("-own") for m in modes}:  # each prompt decoded alone, as `dflash run` does
         alone[mode] = []
         for p in prompts:
             ids = engine.encode_prompt(p)
@@ -134,27 +151,29 @@ def main() -> None:
     rows = []
     for mode in modes:
         for batch in [int(b) for b in args.max_batch.split(",")]:
-            proc, url, notes = start_server(args.recipe, args.cache_dir, args.sets, batch, mode)
+            emulate = (args.emulate, args.emulate_t1_ms) if args.emulate else None
+            proc, url, notes = start_server(args.recipe, args.cache_dir, args.sets, batch, mode, emulate)
             try:
                 stream_request(url + "/v1/completions", {**body, "prompt": prompts[0]})  # warm-up
                 for clients in [int(c) for c in args.clients.split(",")]:
                     res = load(url, prompts, clients, body, args.seed)
                     texts = res.pop("texts")
                     res.update(mode=mode, max_batch=batch, notes=notes)
-                    res["identical"] = sum(t == a for t, a in zip(texts, alone[mode]))
+                    res["identical"] = sum(t == a for t, a in zip(texts, alone[mode.removesuffix("-own")]))
                     rows.append(res)
                     print(json.dumps(res), flush=True)
             finally:
                 proc.terminate()
                 proc.wait(60)
     args.out.mkdir(parents=True, exist_ok=True)
-    name = Path(args.recipe).stem + ("-sampled" if args.temperature > 0 else "")
+    name = args.name or Path(args.recipe).stem + ("-sampled" if args.temperature > 0 else "")
     doc = {
         "recipe": args.recipe,
         "sets": args.sets,
         "requests": args.requests,
         "max_tokens": args.max_tokens,
         "temperature": args.temperature,
+        "emulate": [str(args.emulate), args.emulate_t1_ms] if args.emulate else None,
         "rows": rows,
     }
     (args.out / f"{name}.json").write_text(json.dumps(doc, indent=1))

@@ -10,10 +10,10 @@ verify length, target seconds per step, total decode tokens/s, and the per-promp
 `auto` over `block` with its 95% interval. The calibration and cost fit carry over from prompt to prompt, as
 on a server.
 
-`--emulate`: every call of up to 16 rows is padded with a sleep to the cost that a `graph_step_cost.py --lengths
-... --draft-rows ...` JSON measured for that many rows (linear between the measured lengths), scaled so that a
-one-token target call takes --emulate-t1-ms: the pair's own acceptance under another model's cost curve (e.g.
-the demo pair's drafts at the 4B shape's int4 costs, whose acceptance a random pair cannot show).
+`--emulate`: every call is padded with a sleep to the cost that a `graph_step_cost.py --lengths ... --draft-rows
+...` JSON measured for that many rows, scaled so that a one-token target call takes --emulate-t1-ms
+(emulated_costs.py): the pair's own acceptance under another model's cost curve (e.g. the demo pair's drafts at
+the 4B shape's int4 costs, whose acceptance a random pair cannot show).
 """
 
 from __future__ import annotations
@@ -27,45 +27,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 MODES = ("plain", "block", "auto")
-
-
-def emulate(doc: dict, t1_ms: float) -> None:
-    """Pad every ONNX Runtime prefix-cache call of up to 16 rows with a sleep, to the measured curve's cost."""
-    import time
-
-    import numpy as np
-
-    from dflash_cli.backends.ort_kv_inplace import OrtInPlaceKvSession
-    from dflash_cli.backends.ort_prefix import OrtPrefixSession
-
-    med = next(iter(doc["variants"].values()))["median_ms"]
-    scale = t1_ms / med["T(1)"] / 1000
-    block = doc["block_size"]
-    curves = {
-        "target": sorted((int(k[2:-1]), v) for k, v in med.items() if k.startswith("T(")),
-        "draft": sorted(
-            [(block, med["draft"])] + [(int(k[6:-1]), v) for k, v in med.items() if k.startswith("draft(")]
-        ),
-    }
-
-    def cost(name: str, rows: int) -> float:
-        xs, ys = zip(*curves[name])
-        return scale * float(np.interp(rows, xs, ys, right=None))
-
-    for cls in (OrtPrefixSession, OrtInPlaceKvSession):
-        real = cls.run
-
-        def run(self, feeds, real=real):
-            t = time.perf_counter()
-            out = real(self, feeds)
-            rows = feeds["input_ids"].shape[1]
-            if rows <= 16 and self.name in curves:
-                time.sleep(max(0.0, cost(self.name, rows) - (time.perf_counter() - t)))
-            return out
-
-        cls.run = run
 
 
 def main() -> None:
@@ -85,7 +49,9 @@ def main() -> None:
     from dflash_cli.recipe import load_recipe
 
     if args.emulate:
-        emulate(json.loads(args.emulate.read_text()), args.emulate_t1_ms)
+        from emulated_costs import install
+
+        install(json.loads(args.emulate.read_text()), args.emulate_t1_ms)
     recipe = load_recipe(args.recipe, args.overrides)
     engine = build_engine(recipe, Cache())
     variants = {v: recipe.model_copy(update={"run": recipe.run.model_copy(update={"verify": v})}) for v in MODES[1:]}

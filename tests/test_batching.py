@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from dflash_cli.decoding.batched_engine import batched_views, batching_refusal
-from dflash_cli.decoding.batching import CallBatcher, _Call, groups
+from dflash_cli.decoding.batching import CallBatcher, SlotSession, _Call, groups
 from tests.engines import mixed_prompts
 
 
@@ -150,6 +150,18 @@ def test_batcher_waits_for_every_live_request_then_not_longer_than_its_grace():
     assert batcher.call(0, "target", feeds) == {"slot": 0}  # slot 1 stays silent: the grace runs out
     assert 0.15 <= time.monotonic() - started < 5
     batcher.leave(1)
+    batcher.close()
+
+
+def test_a_slot_shares_its_calls_with_every_live_request():
+    batcher = CallBatcher({"target": _Recorder()}, grace_s=0.01)
+    view = SlotSession(batcher, "target", 0)
+    assert view.sharing == 1  # none live yet: it counts as one
+    for slot in (0, 1, 2):
+        batcher.enter(slot)
+    assert view.sharing == 3
+    batcher.leave(2)
+    assert view.sharing == 2
     batcher.close()
 
 

@@ -108,6 +108,25 @@ def test_short_verify_where_the_session_takes_any_length():
     assert fixed.choose(0) == ("lookup", 8)
 
 
+def test_sequences_sharing_the_call_make_its_rows_dearer():
+    """Batched serving: a verify's rows delay every sequence in the call, so they are charged at the total rate
+    of the sequences sharing it (the draft's time, already the whole batched call's, at the request's own)."""
+    from dflash_cli.decoding.hybrid import HybridProposer
+
+    stats = _stats_with(8, lookup={0: 1, 5: 8}, dflash={0: 1, 5: 1})
+    stats.t_draft = [0.5, 10]
+    for length, ms in ((2, 2.9), (8, 4.0)):
+        stats.add_verify(length, ms / 1000)
+    stats.recent = [300.0, 1.0]
+
+    def hybrid(sharing: int) -> HybridProposer:
+        draft = types.SimpleNamespace(session=types.SimpleNamespace(sharing=sharing))
+        return HybridProposer(types.SimpleNamespace(draft=draft), 8, stats, variable_length=True)
+
+    # 6 more tokens for 1.1 ms more verify: worth it at 300 tok/s (0.33 tokens), not at 40 x 300 (13 tokens)
+    assert hybrid(1).choose(5) == ("lookup", 8) and hybrid(40).choose(5) == ("lookup", 2)
+
+
 def test_untried_verify_lengths_are_guessed_optimistically():
     from dflash_cli.decoding.hybrid import HybridStats
 

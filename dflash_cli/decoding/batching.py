@@ -90,6 +90,10 @@ class CallBatcher:
             self._live.discard(slot)
             self._cond.notify_all()  # the others may all be waiting for this one
 
+    def live(self) -> int:
+        """Requests decoding now (each shares the calls of the others)."""
+        return max(1, len(self._live))
+
     def call(self, slot: int, graph: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         c = _Call(slot, graph, feeds)
         with self._cond:
@@ -159,6 +163,11 @@ class SlotSession:
         self.ctx_len = batcher.graphs[graph].ctx_len
         # ONNX Runtime's graphs take calls of any length; a QAIC program its compiled ones (qaic/slots.py)
         self.variable_length = getattr(batcher.graphs[graph], "variable_length", True)
+
+    @property
+    def sharing(self) -> int:
+        """The sequences whose calls this one's share: what a second added to a call costs is their total rate."""
+        return self.batcher.live()
 
     def reset(self, fill: float = 0.0) -> None:
         """Nothing to clear: no call reads a slot at or beyond its own first position."""

@@ -172,6 +172,12 @@ class HybridProposer(Proposer):
             return ("lookup" if st.expected_lookup(n, full) >= st.expected_dflash(n) else "dflash"), full
         t_draft = st.draft_seconds() or 0.0  # an untimed draft counts as free, so it gets tried where it looks better
         line = st.verify_line()
+        # Batched serving: a verify's extra rows delay every sequence sharing the call, so its cost is charged at
+        # their total rate. The draft's time is the whole batched call, of which this sequence's own rows are
+        # about 1/sharing: charged at its own rate, that is the same. Measured with 4 clients at the 4B shape's
+        # int4 costs (benchmarks/results/serve-batching/demo-at-4b-int4-costs*): 1.08-1.10x the total tok/s of
+        # charging the own rate. The same rule for DFlash's verify lengths (verify_length.py) gave 0.95-1.00x.
+        sharing = getattr(getattr(self.draft, "session", None), "sharing", 1)
         best, choice = None, ("lookup", full)
         for length in range(2, longest + 1) if self.variable else (full,):
             t_verify = line(length) if line else None
@@ -182,7 +188,7 @@ class HybridProposer(Proposer):
             if length <= full:  # the draft proposes one block
                 options.append(("dflash", st.expected_dflash(n, length), t_draft))
             for source, expected, extra in options:
-                value = expected - rate * (t_verify + extra)
+                value = expected - rate * (sharing * t_verify + extra)
                 if best is None or value > best + 1e-12:
                     best, choice = value, (source, length)
         return choice
