@@ -127,6 +127,27 @@ def test_confidence_matches_the_softmax():
     assert torch.isfinite(big).all() and (big <= 1).all()
 
 
+def test_confidence_of_a_real_vocabulary_has_no_constant_beyond_fp16(tmp_path):
+    """A card converts the graph to fp16: the vocabulary size (151936 for Qwen3, 201088 for gpt-oss) as a
+    constant would become inf there, and `dflash check` fails such a graph."""
+    import onnx
+    import torch
+
+    from dflash_cli.modeling.draft import proposal_confidence
+    from dflash_cli.readiness.fp16_lint import fp16_hazards
+
+    class Confidence(torch.nn.Module):
+        def forward(self, logits, tokens):
+            return proposal_confidence(logits, tokens)
+
+    vocab = 151936
+    args = (torch.randn(1, 3, vocab), torch.zeros(1, 3, dtype=torch.int64))
+    torch.onnx.export(Confidence(), args, str(tmp_path / "c.onnx"), dynamo=True, opset_version=18)
+    assert fp16_hazards(onnx.load(str(tmp_path / "c.onnx"))) == []
+    p = proposal_confidence(args[0] * 8, args[0].argmax(-1))
+    assert torch.allclose(p, torch.softmax(args[0] * 8, -1).amax(-1), rtol=1e-5)
+
+
 def test_draft_prefix_graph_takes_a_block_of_any_length(qwen3_engine):
     """Graph revision 12: the draft's prefix graph names its block axis, and `dflash bench` times shorter drafts
     with it (the break-even tau of drafting and verifying fewer rows, what a smaller dflash.block_size would buy)."""

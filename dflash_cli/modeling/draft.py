@@ -8,6 +8,8 @@ layer's own k_proj/v_proj (then k_norm) at the context tokens' positions; no cau
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -144,14 +146,16 @@ class DFlashDraft(nn.Module):
 def proposal_confidence(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """[b, B-1]: the draft's probability of each token it proposes (what the decoding loop weighs a position's
     chance of acceptance by, decoding/verify_length.py). Written to stay finite in fp16 and on the QAIC op list
-    (TopK, Exp, ReduceMean; not ReduceLogSumExp or ReduceSum): exp(chosen - max) / V / mean(exp(logits - max)),
-    where every factor is at most 1 (ONNX Runtime's fp16 Softmax overflowed to NaN in the fp16 emulation)."""
+    (TopK, Exp, ReduceMean; not ReduceLogSumExp or ReduceSum): (exp(chosen - max) / sqrt(V)) / (mean(exp(logits -
+    max)) * sqrt(V)), where no factor exceeds sqrt(V) (ONNX Runtime's fp16 Softmax overflowed to NaN in the fp16
+    emulation; and V itself, 151936 for Qwen3, is no fp16 number: a card's fp16 conversion makes it inf)."""
     if logits.dtype != torch.float32:  # a no-op cast trips the exporter (modeling/dflash2.py's _f32)
         logits = logits.float()
     top = torch.topk(logits, 1, dim=-1).values
     chosen = torch.gather(logits, -1, tokens[..., None])
-    share = torch.exp(chosen - top) / logits.shape[-1]
-    return (share / torch.exp(logits - top).mean(dim=-1, keepdim=True)).squeeze(-1)
+    root = math.sqrt(logits.shape[-1])
+    share = torch.exp(chosen - top) / root
+    return (share / (torch.exp(logits - top).mean(dim=-1, keepdim=True) * root)).squeeze(-1)
 
 
 class StaticCacheDraft(nn.Module):
