@@ -189,8 +189,8 @@ def export_shape_problems(block: int | None, prefill: int, ctx_len: int) -> list
 
 
 # Families whose QAIC programs may hold several sequences' caches (compile.qaic.full_batch_size): dense targets
-# whose layers keep only K/V (not Qwen3.5's recurrent states), with no image inputs riding along (QAIC takes
-# no mixture-of-experts target yet: its graphs use ONNX Runtime's MoE op).
+# whose layers keep only K/V (not Qwen3.5's recurrent states), with no image inputs riding along (a
+# mixture-of-experts target's slot-cache graphs are not built yet).
 SLOT_CACHE_FAMILIES = ("qwen3", "llama")
 
 

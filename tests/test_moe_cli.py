@@ -7,9 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from dflash_cli.cli.app import create_app
 from dflash_cli.exporting.onnx_data import is_deferred
 from tests.engines import assert_quantised_runs_agree, dflash_ok
 from tests.fixtures.tiny_pairs import make_pair
@@ -50,16 +48,3 @@ def test_quantised_moe_build_runs_and_benches_losslessly(family: str, precision:
     assert dec["break_even_tau_by_rows"]["4"] == dec["break_even_tau"]
     text = dflash_ok("bench", *common, "--dataset", str(tmp_path / "prompts.jsonl"), "--max-new-tokens", "8").stdout
     assert "verify cost T(n)/T(1)" in text and "break-even tau" in text and "rows drafted+verified" in text
-
-
-def test_qaic_backend_refuses_moe_targets_at_once(tmp_path: Path) -> None:
-    pair = make_pair(tmp_path / "pair", "qwen3_moe")
-    recipe = str(pair.write_recipe(tmp_path / "recipe.yaml", compile={"backend": "qaic"}))
-    result = CliRunner().invoke(create_app(), ["build", "-r", recipe, "--cache-dir", str(tmp_path / "cache")])
-    assert result.exit_code != 0
-    assert "compile.backend=qaic does not take mixture-of-experts targets yet" in result.output
-    assert "--set compile.backend=ort" in result.output
-    assert not list((tmp_path / "cache").glob("artifacts/*/*"))  # refused before any stage ran
-    args = ["compile", "-r", recipe, "--cache-dir", str(tmp_path / "c2"), "--backend", "qaic"]
-    out = CliRunner().invoke(create_app(), [*args, "--emit-script", str(tmp_path / "bundle")])
-    assert out.exit_code != 0 and "mixture-of-experts" in out.output and not (tmp_path / "bundle").exists()

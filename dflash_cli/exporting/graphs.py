@@ -194,7 +194,7 @@ def _trace(job: _Job, shape: PairShape, options: ExportOptions):
         from dflash_cli.exporting.vision_graph import example_inputs
 
         example = example_inputs(traced, options.torch_dtype)
-        return trace_template(traced, example, ins, outs, job.sym, job.sources, options.opset)
+        return trace_template(traced, example, ins, outs, job.sym, job.sources, options.opset, moe_ops=options.moe_ops)
     prefix_cache = job.flavour == "_prefix"
     # A prefix graph of a module that allows it takes several sequences per call (continuous batching)
     batched = prefix_cache and getattr(traced, "batched_prefix", False)
@@ -208,7 +208,9 @@ def _trace(job: _Job, shape: PairShape, options: ExportOptions):
     # A DFlash draft's prefix graph drafts as many rows as it is handed (a DFlash2 draft's convolutions span a
     # fixed block): `dflash bench` times shorter drafts from one build (what a smaller dflash.block_size costs).
     block = ("input_ids", "position_ids") if prefix_cache and getattr(traced, "any_block_rows", False) else ()
-    return trace_template(traced, example, ins, outs, job.sym, job.sources, options.opset, past, rows, batch, block)
+    return trace_template(
+        traced, example, ins, outs, job.sym, job.sources, options.opset, past, rows, batch, block, options.moe_ops
+    )
 
 
 def _one_layer_stand_in(gname, module, hf_config, src: Path, options: ExportOptions, rows):

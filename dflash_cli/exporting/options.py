@@ -47,9 +47,14 @@ class ExportOptions:
     # Above 1: also target_cb.onnx / draft_cb.onnx, whose retained caches hold this many sequences and whose
     # calls say which with `batch_index` (continuous batching on QAIC, modeling/slot_cache.py).
     full_batch_size: int = 0
+    # How mixture-of-experts MLPs are written: ONNX Runtime's MoE op, or standard ops that gather each token's
+    # experts (modeling/moe_gathered.py: what a QAIC compiler takes).
+    moe_ops: Literal["ort", "gathered"] = "ort"
 
     @classmethod
-    def of(cls, export: Any, validation: Validation, lean: bool = False, full_batch_size: int = 0) -> ExportOptions:
+    def of(
+        cls, export: Any, validation: Validation, lean: bool = False, full_batch_size: int = 0, moe_ops: str = "ort"
+    ) -> ExportOptions:
         """From a recipe's `export` section; `validation` as the stage decided it for the pair's size."""
         return cls(
             dtype=export.dtype,
@@ -58,6 +63,7 @@ class ExportOptions:
             validation=validation,
             lean=lean,
             full_batch_size=full_batch_size,
+            moe_ops=moe_ops,
         )
 
     @property

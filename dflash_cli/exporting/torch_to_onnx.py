@@ -40,6 +40,7 @@ def trace_template(
     pending_rows_inputs: tuple[str, ...] = (),
     batch_inputs: tuple[str, ...] = (),
     block_inputs: tuple[str, ...] = (),
+    moe_ops: str = "ort",
 ):
     """The traced, optimised graph of `module` (parameters on the meta device) whose weight initializers
     read `sources` lazily, and {graph initializer name: its source}. Reads no weight bytes. `sources`
@@ -48,10 +49,11 @@ def trace_template(
     one of their own, `pending_rows` (a hybrid target's rows of the previous call, modeling/delta_rollback.py);
     `batch_inputs` a symbolic axis 0, `batch` (the prefix graphs that serve several sequences per call);
     `block_inputs` a symbolic axis 1 of their own, `block_len` (a draft prefix graph's block, as many rows as it
-    is handed: `dflash bench` times shorter drafts from one build)."""
+    is handed: `dflash bench` times shorter drafts from one build); `moe_ops` how experts are written
+    (exporting/options.py)."""
     import onnxscript.rewriter.onnx_fusions
 
-    from dflash_cli.modeling import moe, slot_cache
+    from dflash_cli.modeling import moe, moe_gathered, slot_cache
 
     seq = torch.export.Dim("seq_len", min=1, max=8192)
     past_len = torch.export.Dim("past_len", min=1, max=1 << 20)
@@ -78,7 +80,10 @@ def trace_template(
                 optimize=False,  # folding needs values; it runs below, once weights are lazily readable
                 verbose=False,
                 # mixture-of-experts MLPs; the K/V writes of a cache of several sequences
-                custom_translation_table={**moe.onnx_translations(), **slot_cache.onnx_translations()},
+                custom_translation_table={
+                    **(moe_gathered if moe_ops == "gathered" else moe).onnx_translations(),
+                    **slot_cache.onnx_translations(),
+                },
             )
         except Exception as exc:  # the exporter's own error text is the useful part
             raise DFlashError(

@@ -88,9 +88,3 @@ def require_qaic_support(family: str) -> None:
             " head width and head count than the sliding layers', and the bundle's specializations assume one",
             hint="build with `--set compile.backend=ort`",
         )
-    if FAMILIES.get(family) is not None and FAMILIES[family].moe:
-        raise DFlashError(
-            f"compile.backend=qaic does not take mixture-of-experts targets yet (family {family}): their experts"
-            " export as ONNX Runtime's MoE op, which the QAIC compiler does not have",
-            hint="build with `--set compile.backend=ort`",
-        )

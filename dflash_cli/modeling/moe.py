@@ -32,11 +32,14 @@ def moe(
     renormalize: bool,
     act: list[float],
 ) -> torch.Tensor:
-    """x [tokens, hidden], logits [tokens, experts] -> [tokens, hidden]. `act` = (alpha, beta, limit) of the
+    """x [tokens, hidden], logits [..., experts] (one row per token; the router's Linear runs on the 3-D hidden
+    states, where it exports as MatMul, not as the Gemm a 2-D input gives, which is not on the QAIC op list; it is
+    flattened here by the token count, as the export would fix the expert count as a constant and validation's
+    reduced model has fewer experts) -> [tokens, hidden]. `act` = (alpha, beta, limit) of the
     gated activation min(g, limit) * sigmoid(alpha * min(g, limit)) * (clamp(u, -limit, limit) + beta): SiLU
     gating is (1, 0, inf); gpt-oss's is (1.702, 1, 7)."""
     alpha, beta, limit = act
-    probs = torch.softmax(logits.float(), dim=-1)
+    probs = torch.softmax(logits.reshape(x.shape[0], -1).float(), dim=-1)
     weights, chosen = torch.topk(probs, k, dim=-1)
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
@@ -120,7 +123,7 @@ def onnx_translations() -> dict:
         # (k=1: nothing for the kernel to sum), every row is given twice (every chosen expert then has
         # at least two), and the k outputs are weighted and summed here, in slot order. A token's output
         # is then the same whatever shares its call (checked at build time, ortcompile/checks.py).
-        probs = op.Softmax(logits, axis=-1)
+        probs = op.Softmax(by_token(x, logits), axis=-1)
         top, _ = op.TopK(probs, op.Constant(value_ints=[k]), axis=-1)
         weights = op.Div(top, op.ReduceSum(top, op.Constant(value_ints=[-1]), keepdims=1)) if renormalize else top
         tokens, width = op.Shape(x, start=0, end=1), op.Shape(x, start=1, end=2)
@@ -170,6 +173,13 @@ def onnx_translations() -> dict:
         return op.Squeeze(total, op.Constant(value_ints=[1]))
 
     return {torch.ops.dflash.moe.default: translate}
+
+
+def by_token(x, logits):
+    """The router's logits [tokens, experts] in a translation, reshaped by the token count of x (see `moe`)."""
+    from onnxscript import opset18 as op
+
+    return op.Reshape(logits, op.Concat(op.Shape(x, start=0, end=1), op.Constant(value_ints=[-1]), axis=0))
 
 
 def to_hf_state(state: dict, model_type: str = "") -> dict:
@@ -222,14 +232,15 @@ class SparseMoe(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
-        logits = nn.functional.linear(flat, self.gate.weight)
+        logits = nn.functional.linear(x, self.gate.weight)  # on 3-D: MatMul (`moe`'s docstring)
         experts = self.experts
         out = torch.ops.dflash.moe(
             flat, logits, experts.gate_up_proj, experts.down_proj, None, None, self.top_k, self.renormalize, SILU_GATE
         )
-        if hasattr(self, "shared_expert"):
-            out = out + torch.sigmoid(self.shared_expert_gate(flat)) * self.shared_expert(flat)
-        return out.reshape(x.shape)
+        out = out.reshape(x.shape)
+        if hasattr(self, "shared_expert"):  # on the 3-D input, as the router (`_router`)
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out
 
 
 class GptOssExperts(nn.Module):
@@ -264,7 +275,7 @@ class GptOssMoe(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
-        logits = nn.functional.linear(flat, self.router.weight, self.router.bias)
+        logits = nn.functional.linear(x, self.router.weight, self.router.bias)
         e = self.experts
         out = torch.ops.dflash.moe(
             flat, logits, e.gate_up_proj, e.down_proj, e.gate_up_proj_bias, e.down_proj_bias, self.top_k, True, self.act

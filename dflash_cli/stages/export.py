@@ -34,8 +34,10 @@ FULL_VALIDATION_BYTES = 1 << 30  # float32 bytes of both graphs up to which the 
 # 10 = the draft also returns draft_confidence (its probability of each proposed token), via logsumexp;
 # 11 = draft_confidence via TopK / Exp / ReduceMean (finite in fp16, on the QAIC op list);
 # 12 = a DFlash draft's prefix graph drafts a block of any length (symbolic `block_len`);
-# 13 = attention reshapes by -1 (shape inference resolves them with a symbolic batch), and the "_cb" graphs.
-GRAPH_REVISION = 13
+# 13 = attention reshapes by -1 (shape inference resolves them with a symbolic batch), and the "_cb" graphs;
+# 14 = a mixture-of-experts router is a MatMul on the 3-D hidden states (was a Gemm on them flattened), and
+#      draft_confidence divides by sqrt(V) twice (V itself overflowed fp16: `dflash check` failed real vocabularies).
+GRAPH_REVISION = 14
 
 
 class ExportStage:
@@ -57,6 +59,7 @@ class ExportStage:
             "logits": e.logits,
             "validate": e.validate_outputs,
             **({"full_batch_size": full_batch_size(recipe)} if full_batch_size(recipe) else {}),
+            **({"moe_ops": moe_ops(recipe)} if moe_ops(recipe) != "ort" else {}),
         }
 
     def run(self, ctx: StageContext) -> dict[str, Any]:
@@ -89,7 +92,7 @@ class ExportStage:
         if e.validate_outputs:  # a large pair validates a reduced model: memory bounded whatever its size
             # (and a lean export's own graphs cannot run: their weights are left out)
             validation = "reduced" if lean or _fp32_bytes(src) > FULL_VALIDATION_BYTES else "full"
-        options = ExportOptions.of(e, validation, lean, full_batch_size(ctx.recipe))
+        options = ExportOptions.of(e, validation, lean, full_batch_size(ctx.recipe), moe_ops(ctx.recipe))
         if lean:
             ctx.progress("lean export: the compile reads the checkpoint's weights from the checkpoint (export.weights)")
         reduced = None
@@ -100,7 +103,7 @@ class ExportStage:
             too_big = _validation_does_not_fit(plan.fp32_bytes(src))
             if too_big:  # the kernel would kill the build without a word; say why and go on unvalidated
                 ctx.progress(f"validation skipped: {too_big} (the compile stage still checks its graphs)")
-                options = ExportOptions.of(e, "off", lean, full_batch_size(ctx.recipe))
+                options = ExportOptions.of(e, "off", lean, full_batch_size(ctx.recipe), moe_ops(ctx.recipe))
             else:
                 reduced = ReducedGraphs(src, out, plan, options)
         if e.exporter == "dynamo":
@@ -176,6 +179,15 @@ def full_batch_size(recipe: Any) -> int:
     """The sequences a QAIC build's caches hold, where above 1 (its export then writes the "_cb" graphs), else 0."""
     c = recipe.compile
     return c.qaic.full_batch_size if c.backend == "qaic" and c.qaic.full_batch_size > 1 else 0
+
+
+def moe_ops(recipe: Any) -> str:
+    """How a mixture-of-experts target's experts are written: standard ops for QAIC (its compiler has no MoE op),
+    ONNX Runtime's MoE op otherwise (exporting/options.py)."""
+    from dflash_cli.modeling.families import FAMILIES
+
+    fam = FAMILIES.get(recipe.family)
+    return "gathered" if recipe.compile.backend == "qaic" and fam is not None and fam.moe else "ort"
 
 
 def _checkpoint_bytes(target_dir: Path) -> int:

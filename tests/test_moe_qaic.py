@@ -1,0 +1,68 @@
+"""Mixture-of-experts targets for QAIC: `compile.backend=qaic` writes the experts in standard ops (each token
+gathers its chosen experts' weights: modeling/moe_gathered.py), every op on the QAIC list and every shape static
+at the bundle's specializations. No card here: the QAIC graphs themselves are run by ONNX Runtime, and every
+mode on them equals Hugging Face's `generate` (tiny random Qwen3-MoE, Qwen3.5-MoE and gpt-oss pairs)."""
+
+from __future__ import annotations
+
+import json
+
+import onnx
+import pytest
+
+from tests.engines import assert_every_mode_equals_hf, dflash_ok, mixed_prompts
+from tests.fixtures.tiny_pairs import make_pair
+
+NEW_TOKENS = 16
+MODES = ("plain", "dflash", "lookup", "hybrid")
+
+
+@pytest.fixture(scope="module", params=["qwen3_moe", "qwen3_5_moe", "gpt_oss"])
+def qaic_build(request, tmp_path_factory):
+    """(pair, recipe path, cache dir, bundle dir) after `dflash compile --backend qaic --emit-script`."""
+    root = tmp_path_factory.mktemp(f"qaic_{request.param}")
+    pair = make_pair(root / "pair", request.param)
+    recipe = pair.write_recipe(root / "recipe.yaml", export={"logits": True}, compile={"backend": "qaic"})
+    cache, bundle = root / "cache", root / "bundle"
+    dflash_ok("compile", "-r", str(recipe), "--cache-dir", str(cache), "--emit-script", str(bundle))
+    return pair, recipe, cache, bundle
+
+
+def _export_dir(cache):
+    return next(cache.glob("artifacts/export/*/export.json")).parent
+
+
+@pytest.mark.slow
+def test_experts_are_standard_ops_the_qaic_check_accepts(qaic_build) -> None:
+    from dflash_cli.readiness import readiness_report
+
+    _, _, cache, bundle = qaic_build
+    target = onnx.load(str(bundle / "target.onnx"), load_external_data=False).graph
+    assert not any(n.domain == "com.microsoft" for n in target.node)  # no MoE op: the card's compiler lacks it
+    assert sum(n.op_type == "TopK" for n in target.node) >= 2  # the routing of every sparse layer, in the graph
+    for graph in readiness_report(_export_dir(cache)).graphs:
+        assert not graph.unsupported_ops and all(s.static for s in graph.shapes), graph
+    specs = json.loads((bundle / "target" / "specializations.json").read_text())["specializations"]
+    assert {s["name"] for s in specs} >= {"Prefill", "Decode"}
+
+
+@pytest.mark.slow
+def test_every_mode_on_the_qaic_graphs_equals_hf_generate(qaic_build) -> None:
+    """The graphs QAIC gets, run by ONNX Runtime as a one-sequence static engine."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from dflash_cli.cache import Cache
+    from dflash_cli.decoding.engine import Artifacts, Engine
+    from dflash_cli.pipeline import artifact_path
+    from dflash_cli.recipe import load_recipe
+
+    pair, recipe_path, cache, _ = qaic_build
+    qaic = load_recipe(str(recipe_path))
+    inject, export = artifact_path(qaic, Cache(cache), "inject"), _export_dir(cache)
+    recipe = load_recipe(str(recipe_path), ["compile.backend=ort", "compile.ort.prefix_cache=false"])
+    engine = Engine(recipe, Artifacts(inject, export, export, {}))
+    assert type(engine.target).__name__ == "OrtSession"
+    hf = AutoModelForCausalLM.from_pretrained(str(pair.target_dir), dtype=torch.float32).eval()
+    prompts = mixed_prompts(hf.config.vocab_size, n=12)
+    assert_every_mode_equals_hf({"qaic graphs": engine}, hf, prompts, NEW_TOKENS, MODES)
