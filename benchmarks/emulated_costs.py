@@ -1,6 +1,6 @@
 """Another model's call costs on this pair's calls: the demo pair's acceptance at, say, the 4B shape's int4 costs.
 
-    python benchmarks/emulated_costs.py STEP_COST.json T1_MS [--own-rate] -- serve -r demo ...
+    python benchmarks/emulated_costs.py STEP_COST.json T1_MS [--own-rate] [--always-draft] -- serve -r demo ...
 
 runs the `dflash` command with every ONNX Runtime call padded with a sleep to the cost that a
 `graph_step_cost.py --lengths ... --draft-rows ...` JSON measured for that many rows, scaled so that a one-token
@@ -11,6 +11,7 @@ along its last segment (prefill chunks too: a newcomer's prefill delays the call
 
 `--own-rate`: the hybrid's choices charge a verify's time at the request's own rate, not at that of all the
 sequences sharing the call (what `dflash` did before it weighed the load): the A/B of that rule.
+`--always-draft`: DFlash steps draft whatever the load (what `dflash` did before it could stop drafting).
 `install(doc, t1_ms)` does the same inside a benchmark's own process (verify_length_ab.py).
 """
 
@@ -83,6 +84,12 @@ def own_rate() -> None:
     SlotSession.sharing = property(lambda self: 1)
 
 
+def always_draft() -> None:
+    from dflash_cli.decoding.verify_length import VerifyBudget
+
+    VerifyBudget.draft_pays = lambda self, sharing: True
+
+
 def main() -> None:
     args = sys.argv[1:]
     split = args.index("--")
@@ -90,6 +97,8 @@ def main() -> None:
     install(json.loads(Path(ours[0]).read_text()), float(ours[1]))
     if "--own-rate" in ours:
         own_rate()
+    if "--always-draft" in ours:
+        always_draft()
     sys.argv = ["dflash", *rest]
     from dflash_cli.cli.app import main as dflash
 

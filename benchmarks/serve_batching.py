@@ -14,7 +14,8 @@ Writes JSON and a Markdown table to --out.
 `--emulate STEP_COST.json --emulate-t1-ms T`: the server's calls cost what another model's do
 (emulated_costs.py; batched calls by their total rows), e.g. the demo pair's acceptance at the 4B shape's
 int4 costs. Then a mode `hybrid-own` is the hybrid charging verify time at each request's own rate, not at
-that of every sequence sharing the call (the A/B of that rule).
+that of every sequence sharing the call, and `dflash-always` DFlash drafting at every step whatever the load
+(the A/B arms of those rules).
 """
 
 from __future__ import annotations
@@ -36,17 +37,19 @@ from serve_load import percentile, stream_request  # noqa: E402
 
 
 def start_server(recipe: str, cache_dir: str | None, sets: list[str], max_batch: int, mode: str, emulate=None):
-    """`emulate`: (STEP_COST.json, T1 ms) for emulated_costs.py; a mode ending in -own charges verify time at
-    the request's own rate."""
+    """`emulate`: (STEP_COST.json, T1 ms) for emulated_costs.py; a mode ending in -own or -always is an A/B arm
+    (the module docstring)."""
     import re
 
-    mode, own = mode.removesuffix("-own"), mode.endswith("-own")
+    flags = {"-own": "--own-rate", "-always": "--always-draft"}
+    arm = [flag for suffix, flag in flags.items() if mode.endswith(suffix)]
+    mode = base_mode(mode)
     cmd = [sys.executable, "-m", "dflash_cli"]
-    if own and not emulate:
-        raise SystemExit(f"mode {mode}-own needs --emulate")
+    if arm and not emulate:
+        raise SystemExit(f"mode {mode} with {arm[0]} needs --emulate")
     if emulate:
         wrapper = [str(ROOT / "benchmarks/emulated_costs.py"), str(emulate[0]), str(emulate[1])]
-        cmd = [sys.executable, *wrapper, *(["--own-rate"] if own else []), "--"]
+        cmd = [sys.executable, *wrapper, *arm, "--"]
     cmd += ["serve", "-r", recipe, "--port", "0", "--max-batch", str(max_batch)]
     cmd += ["--queue-size", "64"] + (["--cache-dir", cache_dir] if cache_dir else [])
     cmd += [x for s in sets for x in ("--set", s)]
@@ -66,6 +69,11 @@ def start_server(recipe: str, cache_dir: str | None, sets: list[str], max_batch:
         if found:
             threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep its pipe drained
             return proc, found.group(0)[: -len("/v1")], notes
+
+
+def base_mode(mode: str) -> str:
+    """The decoding mode of a benchmark mode (`hybrid-own`, `dflash-always`: an A/B arm of it)."""
+    return mode.removesuffix("-own").removesuffix("-always")
 
 
 def load(url: str, prompts: list[str], clients: int, body: dict, seed: int) -> dict:
@@ -139,7 +147,7 @@ def main() -> None:
     body = {"max_tokens": args.max_tokens, "temperature": args.temperature, "seed": args.seed}
     modes = args.modes.split(",")
     alone: dict[str, list[str]] = {}
-    for mode in {m.removesuffix("-own") for m in modes}:  # each prompt decoded alone, as `dflash run` does
+    for mode in {base_mode(m) for m in modes}:  # each prompt decoded alone, as `dflash run` does
         alone[mode] = []
         for p in prompts:
             ids = engine.encode_prompt(p)
@@ -159,7 +167,7 @@ def main() -> None:
                     res = load(url, prompts, clients, body, args.seed)
                     texts = res.pop("texts")
                     res.update(mode=mode, max_batch=batch, notes=notes)
-                    res["identical"] = sum(t == a for t, a in zip(texts, alone[mode.removesuffix("-own")]))
+                    res["identical"] = sum(t == a for t, a in zip(texts, alone[base_mode(mode)]))
                     rows.append(res)
                     print(json.dumps(res), flush=True)
             finally:

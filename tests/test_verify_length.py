@@ -53,6 +53,26 @@ def test_budget_shortens_verifies_once_long_ones_prove_costly():
     assert budget.length(conf) == 2
 
 
+def test_under_load_a_draft_that_does_not_pay_is_skipped_but_still_tried():
+    """Batched serving: a drafted step that commits ~1.2 tokens for a 30 ms draft is not worth it when 4 sequences
+    share the calls at 20 tokens/s each; alone the step always drafts; every EXPLORE-th step drafts anyway."""
+    from dflash_cli.decoding.verify_length import EXPLORE
+
+    budget = VerifyBudget(8)
+    conf = [0.9, 0.2, 0.1]
+    for k in range(40):  # drafted steps commit 1 or 2 tokens; 1 ms per verified token; 0.1 s a step
+        committed = [1, 2] if k % 5 == 0 else [9]  # the first proposal rejected: the target's token
+        budget.learn(conf, [1, 2, 3], committed, verify_s=0.004, step_s=0.1, draft_s=0.03)
+        budget.learn(None, [], [7], verify_s=0.001, step_s=0.05)  # a plain step
+    assert budget.draft_pays(sharing=1)
+    # ~0.2 extra tokens against 20 tok/s x (4 x 3 ms + 30 ms) = 0.84 tokens: skip, but draft every EXPLORE-th step
+    choices = [budget.draft_pays(sharing=4) for _ in range(2 * EXPLORE)]
+    assert choices == ([False] * (EXPLORE - 1) + [True]) * 2
+    for _ in range(60):  # drafting turns out to pay: 8 tokens a drafted step
+        budget.learn(conf, [1] * 7, [1] * 8, verify_s=0.008, step_s=0.1, draft_s=0.03)
+    assert budget.draft_pays(sharing=4)
+
+
 def _with_verify(engine, verify: str):
     old = engine.recipe
     engine.recipe = old.model_copy(update={"run": old.run.model_copy(update={"verify": verify})})

@@ -112,7 +112,8 @@ class DFlashProposer(Proposer):
         # makes worth the call (decoding/verify_length.py); None: always the whole block.
         self.verify = verify
         self._confidence: list[float] | None = None  # of the block drafted last, if the draft graph gives it
-        self._step: tuple[list[int], float] | None = None  # this step's proposal and start, for `verified`
+        # this step's proposal, start and draft seconds (None: drafted ahead), for `verified`; proposal None: no draft
+        self._step: tuple[list[int] | None, float, float | None] | None = None
 
     def start(self, prompt_features: np.ndarray, last: int, pos: int) -> None:
         """Ingest the prompt's context (prefill work, so it counts toward time to first token) and
@@ -128,18 +129,28 @@ class DFlashProposer(Proposer):
     def propose(self, history: list[int], last: int, pos: int, limit: int) -> list[int]:
         started = time.perf_counter()
         ready, self._ready = self._ready, None
+        # batching.SlotSession: the sequences decoding now, whose calls this one's share
+        sharing = getattr(getattr(self.draft, "session", None), "sharing", 1)
+        if ready is None and self.verify is not None and not self.verify.draft_pays(sharing):
+            self._step = (None, started, None)  # a plain step; its context queues for the next draft call
+            return []
+        before = self.draft.seconds
         proposal = ready if ready is not None else self._draft(last, pos)
         if self.verify is not None and self._confidence is not None:
             proposal = proposal[: self.verify.length(self._confidence[: limit - 1]) - 1]
-            self._step = (proposal, started)
+            self._step = (proposal, started, None if ready is not None else self.draft.seconds - before)
         return proposal
 
     def verified(self, committed: list[int], verify_s: float) -> None:
         if self._step is None:
             return
-        proposal, started = self._step
+        proposal, started, draft_s = self._step
         self._step = None
-        self.verify.learn(self._confidence, proposal, committed, verify_s, time.perf_counter() - started)
+        step_s = time.perf_counter() - started
+        if proposal is None:
+            self.verify.learn(None, [], committed, verify_s, step_s)
+        else:
+            self.verify.learn(self._confidence, proposal, committed, verify_s, step_s, draft_s)
 
     def skip(self) -> None:
         """Another drafter proposes this step: a block drafted ahead is stale."""

@@ -19,6 +19,10 @@ verified, and the target verifies every token it commits.
 from __future__ import annotations
 
 BINS = 10  # equal-width bins of the draft's probability
+# Under load a request that stopped drafting still drafts every EXPLORE-th step, so what a draft costs and
+# yields stays current (the load drops, the acceptance changes with the text).
+EXPLORE = 8
+DRAFTED_MEMORY = 0.98  # per drafted step, the weight older ones keep in what drafting yields and costs
 PRIOR_WEIGHT = 4.0  # pseudo-proposals per bin behind the prior "accepted at the draft's own probability"
 
 
@@ -88,13 +92,47 @@ class VerifyBudget:
 
         self.calibration = Calibration()
         self.costs = HybridStats(block_size)
+        self.drafted = [0.0, 0.0, 0.0, 0.0]  # decayed: drafted steps, tokens they committed, rows verified, draft s
+        self._skipped = 0  # steps since the last draft
 
     def length(self, confidence: list[float]) -> int:
         accept = [self.calibration.accept(p) for p in confidence]
         return choose_length(accept, self.costs.verify_line(), self.costs.rate())
 
-    def learn(self, confidence: list[float], proposal: list[int], committed: list[int], verify_s: float, step_s: float):
-        self.calibration.learn(confidence, proposal, committed)
+    def draft_pays(self, sharing: int) -> bool:
+        """Whether this step drafts at all. Alone, always: that is what DFlash mode was asked for. In batched
+        serving (`sharing` sequences decoding at once), only while the tokens a drafted step commits beyond a
+        plain step's one are worth the draft's time and its longer verify, the verify's rows charged at the rate
+        of every sequence sharing the call (decoding/hybrid.py's rule): on compute-bound calls a loaded server
+        decodes faster without drafts, as vLLM's dynamic speculation turns speculation off as the batch grows."""
+        steps, tokens, rows, draft_s = self.drafted
+        rate, line = self.costs.rate(), self.costs.verify_line()
+        if sharing <= 1 or steps <= 0 or rate is None or line is None or self._skipped >= EXPLORE - 1:
+            self._skipped = 0
+            return True
+        cost = rate * (sharing * (line(rows / steps) - line(1)) + draft_s / steps)
+        if tokens / steps - 1.0 > cost:
+            self._skipped = 0
+            return True
+        self._skipped += 1
+        return False
+
+    def learn(
+        self,
+        confidence: list[float],
+        proposal: list[int],
+        committed: list[int],
+        verify_s: float,
+        step_s: float,
+        draft_s: float | None = None,
+    ):
+        """A drafted step (`draft_s`: its draft call's seconds, None when its block was drafted ahead), or, with
+        `confidence` None, a step that did not draft."""
+        if confidence is not None:
+            self.calibration.learn(confidence, proposal, committed)
+        if draft_s is not None:
+            old = [DRAFTED_MEMORY * v for v in self.drafted]
+            self.drafted = [a + b for a, b in zip(old, (1.0, len(committed), len(proposal) + 1, draft_s))]
         self.costs.add_step(len(committed), step_s)
         if verify_s > 0:
             self.costs.add_verify(len(proposal) + 1, verify_s)
