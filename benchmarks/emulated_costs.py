@@ -9,8 +9,9 @@ all its rows costs: n sequences padded to the longest, n * width rows (an int4 c
 so rows cost alike whichever sequence they belong to). Past the longest measured length the curve goes on
 along its last segment (prefill chunks too: a newcomer's prefill delays the calls of the others).
 
-`--own-rate`: the hybrid's choices charge a verify's time at the request's own rate, not at that of all the
-sequences sharing the call (what `dflash` did before it weighed the load): the A/B of that rule.
+`--own-rate`: every slot says it shares its calls with nobody, so the hybrid charges a verify's time at the
+request's own rate, not at that of all the sequences sharing the call (what `dflash` did before it weighed
+the load): the A/B of that rule. (DFlash then drafts at every step, as alone.)
 `--always-draft`: DFlash steps draft whatever the load (what `dflash` did before it could stop drafting).
 `install(doc, t1_ms)` does the same inside a benchmark's own process (verify_length_ab.py).
 """
