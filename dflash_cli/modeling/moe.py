@@ -238,7 +238,7 @@ class SparseMoe(nn.Module):
             flat, logits, experts.gate_up_proj, experts.down_proj, None, None, self.top_k, self.renormalize, SILU_GATE
         )
         out = out.reshape(x.shape)
-        if hasattr(self, "shared_expert"):  # on the 3-D input, as the router (`_router`)
+        if hasattr(self, "shared_expert"):  # on the 3-D input, as the router (`moe`'s docstring)
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out
 
