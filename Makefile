@@ -15,8 +15,10 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/pip install -e '.[dev]'
 	touch $(STAMP)
 
+# Two workers, each test file on one of them (its module fixtures are built once): most of the suite's
+# time is single-threaded tracing, so two files at once take about half the time on two cores.
 test: install
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q -n 2 --dist loadfile
 
 # The edit loop: everything but the tests marked slow (pair exports and builds). CI runs `make test`.
 test-fast: install

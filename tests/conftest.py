@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -20,6 +21,13 @@ from tests.fixtures.tiny_pairs import TinyPair, make_pair  # noqa: E402
 # process has the shared pool: engines here keep a pool per session; tests/test_shared_thread_pool.py
 # runs the shared pool in a process of its own.
 _ort_threads.SHARED_POOL_ALLOWED = False
+
+# Under `pytest -n 2` (make test) two workers share two cores: one torch thread each, so Hugging Face's
+# reference runs do not oversubscribe the CPU (the export stage already traces on one thread).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    import torch
+
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
