@@ -188,10 +188,10 @@ def export_shape_problems(block: int | None, prefill: int, ctx_len: int) -> list
     return problems
 
 
-# Families whose QAIC programs may hold several sequences' caches (compile.qaic.full_batch_size): dense targets
-# whose layers keep only K/V (not Qwen3.5's recurrent states), with no image inputs riding along (a
-# mixture-of-experts target's slot-cache graphs are not built yet).
-SLOT_CACHE_FAMILIES = ("qwen3", "llama")
+# Families whose QAIC programs may hold several sequences' caches (compile.qaic.full_batch_size): targets whose
+# layers keep only K/V (not Qwen3.5's recurrent states), with no image inputs riding along. Mixture-of-experts
+# rows gather their own experts (modeling/moe_gathered.py), so sharing a call changes no sequence's outputs.
+SLOT_CACHE_FAMILIES = ("qwen3", "llama", "qwen3_moe", "gpt_oss")
 
 
 class Recipe(_Section):

@@ -13,6 +13,7 @@ import onnxruntime as ort
 import pytest
 
 from dflash_cli.errors import RecipeError
+from tests.qaic_emulation import EmulatedProgram
 
 FULL = 3
 PREFILL, CTX = 8, 64
@@ -32,30 +33,6 @@ def export(tiny_qwen3_pair, tmp_path_factory) -> Path:
     recipe, cache = load_recipe(str(path)), Cache(root / "cache")
     build(recipe, cache, upto="export")
     return artifact_path(recipe, cache, "export")
-
-
-class EmulatedProgram:
-    """A compiled QAIC program as QaicSession presents one, run by ONNX Runtime: the retained caches stay inside
-    (as on the card), and only the specializations' shapes are taken (batch 1, or all slots)."""
-
-    def __init__(self, path: Path, seq_lens: list[int]) -> None:
-        self.name = path.stem.removesuffix("_cb")
-        self.sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-        ins = self.sess.get_inputs()
-        self.input_names = [i.name for i in ins if not i.name.startswith("past_")]
-        self.cache = {i.name: np.zeros(i.shape, np.float32) for i in ins if i.name.startswith("past_")}
-        self.outputs = [o.name for o in self.sess.get_outputs()]
-        self.seq_lens, self.batches = seq_lens, []
-
-    def serves(self, shapes) -> bool:
-        return shapes["input_ids"][0] in (1, FULL) and shapes["input_ids"][1] in self.seq_lens
-
-    def run(self, feeds):
-        assert self.serves({"input_ids": np.shape(feeds["input_ids"])}), np.shape(feeds["input_ids"])
-        self.batches.append(len(feeds["batch_index"]))
-        res = dict(zip(self.outputs, self.sess.run(None, {**feeds, **self.cache})))
-        self.cache = {n: res.pop(n + "_RetainedState") for n in self.cache}
-        return res
 
 
 def _sessions(export: Path, graph: str):
@@ -117,7 +94,7 @@ def test_qaic_slots_batches_calls_and_changes_no_sequence(export: Path) -> None:
     from dflash_cli.qaic.slots import QaicSlots
 
     info = json.loads((export / "export.json").read_text())
-    program = EmulatedProgram(export / "target_cb.onnx", list(info["graphs"]["target_cb"]["seq_lens"].values()))
+    program = EmulatedProgram(export / "target_cb.onnx", FULL, list(info["graphs"]["target_cb"]["seq_lens"].values()))
     slots = QaicSlots(program, FULL, CTX, PREFILL)
     found = check_target(slots, info["block_size"], 64)
     assert found["equal"], found

@@ -177,7 +177,7 @@ class HybridProposer(Proposer):
         # about 1/sharing: charged at its own rate, that is the same. Measured with 4 clients at the 4B shape's
         # int4 costs (benchmarks/results/serve-batching/demo-at-4b-int4-costs*): 1.08-1.10x the total tok/s of
         # charging the own rate. The same rule for DFlash's verify lengths (verify_length.py) gave 0.95-1.00x.
-        sharing = getattr(getattr(self.draft, "session", None), "sharing", 1)
+        sharing = self.sharing()
         best, choice = None, ("lookup", full)
         for length in range(2, longest + 1) if self.variable else (full,):
             t_verify = line(length) if line else None

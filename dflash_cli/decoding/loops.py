@@ -129,9 +129,7 @@ class DFlashProposer(Proposer):
     def propose(self, history: list[int], last: int, pos: int, limit: int) -> list[int]:
         started = time.perf_counter()
         ready, self._ready = self._ready, None
-        # batching.SlotSession: the sequences decoding now, whose calls this one's share
-        sharing = getattr(getattr(self.draft, "session", None), "sharing", 1)
-        if ready is None and self.verify is not None and not self.verify.draft_pays(sharing):
+        if ready is None and self.verify is not None and not self.verify.draft_pays(self.sharing()):
             self._step = (None, started, None)  # a plain step; its context queues for the next draft call
             return []
         before = self.draft.seconds

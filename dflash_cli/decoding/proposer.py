@@ -41,6 +41,11 @@ class Proposer(Protocol):
     draft: TimedSession | None = None
     sources: Sequence[str] = ()
 
+    def sharing(self) -> int:
+        """The sequences whose calls this one's draft calls share in batched serving (batching.SlotSession): a
+        second added to a call costs their total rate. 1 outside batched serving."""
+        return getattr(getattr(self.draft, "session", None), "sharing", 1)
+
     def propose(self, history: list[int], last: int, pos: int, limit: int) -> list[int]:
         """Tokens to verify after `last` (the newest committed token, at position `pos`; `history` is the
         prompt plus every committed token). `limit` is this step's longest verify: the loop uses at most

@@ -154,7 +154,8 @@ def grouped_attention(
     kvh, t = k.shape[1], k.shape[2]
     groups = h // kvh
     rows = -1 if any_rows else groups * s
-    qg = q.reshape(b, kvh, rows, d)
+    # contiguous: reshaping a strided q (gpt-oss's) spells -1 out as a quotient, which shape inference cannot resolve
+    qg = (q.contiguous() if any_rows else q).reshape(b, kvh, rows, d)
     # `scale`: Gemma 4 normalises q and k and scales by 1, where others use 1/sqrt(d)
     scores = torch.matmul(qg, k.transpose(-1, -2)) * (d**-0.5 if scale is None else scale)  # [b, kvh, groups*s, t]
     scores = scores.reshape(b, kvh, groups, s, t)
@@ -164,7 +165,8 @@ def grouped_attention(
         probs = torch.softmax(scores, dim=-1).reshape(b, kvh, rows, t)
     else:  # gpt-oss: one more logit per head in the softmax, whose share of attention goes nowhere
         sink = sinks.to(scores.dtype).reshape(1, kvh, groups, 1, 1).expand(b, kvh, groups, s, 1)
-        probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :t].reshape(b, kvh, rows, t)
+        probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :t]
+        probs = (probs.contiguous() if any_rows else probs).reshape(b, kvh, rows, t)
     # A slot is live when some query sees it (mean, not any/max: ReduceMax is not on the QAIC allow-list).
     live = (visible.to(probs.dtype).mean(dim=2) > 0)[..., None]  # [b, 1, t, 1]
     v = torch.where(live, v, 0.0)
