@@ -67,8 +67,20 @@ def check_command(
 
     r = load_recipe(recipe, [*(set_ or []), "export.weights=all"])  # the fp16 emulation runs the export's graphs
     cache = Cache(cache_dir)
-    # Held until the check ends (the result's locks), so `dflash cache clean` leaves what it reads alone.
-    result = build(r, cache, upto="compile" if fp16_prompts or bands else "export", hold=True)
+    # Held until the check ends (the result's locks), so `dflash cache clean` leaves what it reads alone. A QAIC
+    # recipe's emulation runs the export's own graphs on ONNX Runtime: no SDK or card needed, so no compile.
+    qaic = r.compile.backend == "qaic"
+    result = build(r, cache, upto="compile" if (fp16_prompts or bands) and not qaic else "export", hold=True)
+
+    def fp32_engine():
+        from dflash_cli.decoding.engine import Artifacts, Engine
+
+        if not qaic:
+            return Engine.load(r, cache)
+        sets = [*(set_ or []), "export.weights=all", "compile.backend=ort", "compile.ort.prefix_cache=false"]
+        export = result.path("export")
+        return Engine(load_recipe(recipe, sets), Artifacts(result.path("inject"), export, export, {}))
+
     report = readiness_report(result.path("export"))
     doc = {"recipe": r.name, "readiness": report.to_dict()}
     console = err_console()
@@ -87,11 +99,10 @@ def check_command(
         )
     if fp16_prompts:
         from dflash_cli.bench.datasets import load_dataset
-        from dflash_cli.decoding.engine import Engine
         from dflash_cli.readiness.fp16_agreement import fp16_agreement
         from dflash_cli.readiness.logit_gap import LogitGap
 
-        engine = Engine.load(r, cache)
+        engine = fp32_engine()
         samples = load_dataset("humaneval", max_samples=fp16_prompts, seed=0)
         prompts = [engine.encode_prompt(s.turns[0]) for s in samples]
         agreement = fp16_agreement(
@@ -124,7 +135,7 @@ def check_command(
                     highlight=False,
                 )
     if bands:
-        ok = _band_check(r, cache, result.path("export"), doc, console, json_) and ok
+        ok = _band_check(fp32_engine(), result.path("export"), doc, console, json_) and ok
     doc["ok"] = ok
     if json_:
         print_json(doc)
@@ -132,11 +143,9 @@ def check_command(
         raise typer.Exit(1)
 
 
-def _band_check(recipe, cache, export_dir, doc: dict, console, json_: bool) -> bool:
-    from dflash_cli.decoding.engine import Engine
+def _band_check(engine, export_dir, doc: dict, console, json_: bool) -> bool:
     from dflash_cli.readiness.fp16_bands import corpus_tokens, fp16_bands
 
-    engine = Engine.load(recipe, cache)
     tokens = corpus_tokens(lambda text: list(engine.tokenizer(text)["input_ids"]), engine.ctx_len)
     show = not json_ and console.is_terminal
     report = fp16_bands(
