@@ -85,13 +85,6 @@ def own_rate() -> None:
     SlotSession.sharing = property(lambda self: 1)
 
 
-def alone() -> None:
-    """Each request decides on its own whether its step drafts (before it rode along with the others' drafts)."""
-    from dflash_cli.decoding.batching import SlotSession
-
-    SlotSession.drafts_with = lambda self, drafts: drafts
-
-
 def always_draft() -> None:
     from dflash_cli.decoding.verify_length import VerifyBudget
 
@@ -107,8 +100,6 @@ def main() -> None:
         own_rate()
     if "--always-draft" in ours:
         always_draft()
-    if "--alone" in ours:
-        alone()
     sys.argv = ["dflash", *rest]
     from dflash_cli.cli.app import main as dflash
 

@@ -41,7 +41,7 @@ def start_server(recipe: str, cache_dir: str | None, sets: list[str], max_batch:
     (the module docstring)."""
     import re
 
-    flags = {"-own": "--own-rate", "-always": "--always-draft", "-alone": "--alone"}
+    flags = {"-own": "--own-rate", "-always": "--always-draft"}
     arm = [flag for suffix, flag in flags.items() if mode.endswith(suffix)]
     mode = base_mode(mode)
     cmd = [sys.executable, "-m", "dflash_cli"]
@@ -73,7 +73,7 @@ def start_server(recipe: str, cache_dir: str | None, sets: list[str], max_batch:
 
 def base_mode(mode: str) -> str:
     """The decoding mode of a benchmark mode (`hybrid-own`, `dflash-always`: an A/B arm of it)."""
-    return mode.removesuffix("-own").removesuffix("-always").removesuffix("-alone")
+    return mode.removesuffix("-own").removesuffix("-always")
 
 
 def load(url: str, prompts: list[str], clients: int, body: dict, seed: int) -> dict:

@@ -165,23 +165,6 @@ def test_a_slot_shares_its_calls_with_every_live_request():
     batcher.close()
 
 
-def test_a_step_drafts_along_with_a_live_request_whose_draft_pays():
-    batcher = CallBatcher({"target": _Recorder()}, grace_s=0.01)
-    views = [SlotSession(batcher, "target", slot) for slot in (0, 1, 2)]
-    for slot in (0, 1, 2):
-        batcher.enter(slot)
-    assert not views[0].drafts_with(False) and not views[1].drafts_with(False)
-    assert views[2].drafts_with(True)  # its own measurements say so
-    assert views[0].drafts_with(False) and views[1].drafts_with(False)  # they ride along
-    assert views[2].drafts_with(False)  # a ride-along is no vote: 0 and 1 did not pay on their own
-    batcher.leave(2)
-    assert not views[0].drafts_with(False)
-    assert views[1].drafts_with(True) and views[0].drafts_with(False)
-    batcher.leave(1)
-    assert not views[0].drafts_with(False)  # the one that paid has left
-    batcher.close()
-
-
 def test_a_failing_call_reaches_every_request_of_its_group():
     class Broken(_Recorder):
         def run(self, slots, feeds):

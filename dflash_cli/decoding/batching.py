@@ -77,7 +77,6 @@ class CallBatcher:
         self._cond = threading.Condition()
         self._live: set[int] = set()
         self._pending: dict[int, _Call] = {}
-        self._drafting: set[int] = set()  # requests whose latest step drafted (see drafts_with)
         self._closed = False
         self._thread = threading.Thread(target=self._dispatch, name="dflash-batcher", daemon=True)
         self._thread.start()
@@ -89,21 +88,11 @@ class CallBatcher:
     def leave(self, slot: int) -> None:
         with self._cond:
             self._live.discard(slot)
-            self._drafting.discard(slot)
             self._cond.notify_all()  # the others may all be waiting for this one
 
     def live(self) -> int:
         """Requests decoding now (each shares the calls of the others)."""
         return max(1, len(self._live))
-
-    def drafts_with(self, slot: int, pays: bool) -> bool:
-        """Record whether drafting pays for `slot`'s step (by its measurements) and return whether the step drafts:
-        also when it paid for another live request's latest step. That round's draft call and block-wide verify
-        happen anyway (one graph per round), so riding along costs little, and a step that does not ride along
-        leaves a narrow verify call of its own besides."""
-        with self._cond:
-            (self._drafting.add if pays else self._drafting.discard)(slot)
-            return pays or bool((self._drafting & self._live) - {slot})
 
     def call(self, slot: int, graph: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         c = _Call(slot, graph, feeds)
@@ -179,10 +168,6 @@ class SlotSession:
     def sharing(self) -> int:
         """The sequences whose calls this one's share: what a second added to a call costs is their total rate."""
         return self.batcher.live()
-
-    def drafts_with(self, pays: bool) -> bool:
-        """Whether this step drafts, given whether drafting pays by this request's measurements (CallBatcher)."""
-        return self.batcher.drafts_with(self.slot, pays)
 
     def reset(self, fill: float = 0.0) -> None:
         """Nothing to clear: no call reads a slot at or beyond its own first position."""

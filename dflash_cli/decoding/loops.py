@@ -129,7 +129,7 @@ class DFlashProposer(Proposer):
     def propose(self, history: list[int], last: int, pos: int, limit: int) -> list[int]:
         started = time.perf_counter()
         ready, self._ready = self._ready, None
-        if ready is None and self.verify is not None and not self._drafts():
+        if ready is None and self.verify is not None and not self.verify.draft_pays(self.sharing()):
             self._step = (None, started, None)  # a plain step; its context queues for the next draft call
             return []
         before = self.draft.seconds
@@ -138,14 +138,6 @@ class DFlashProposer(Proposer):
             proposal = proposal[: self.verify.length(self._confidence[: limit - 1]) - 1]
             self._step = (proposal, started, None if ready is not None else self.draft.seconds - before)
         return proposal
-
-    def _drafts(self) -> bool:
-        sharing = self.sharing()
-        drafts = self.verify.draft_pays(sharing)
-        session = getattr(self.draft, "session", None)  # batching.SlotSession: rides along with the others' drafts
-        if sharing <= 1 or not hasattr(session, "drafts_with"):
-            return drafts
-        return session.drafts_with(drafts and not self.verify.exploring) or drafts
 
     def verified(self, committed: list[int], verify_s: float) -> None:
         if self._step is None:

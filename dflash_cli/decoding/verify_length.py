@@ -94,7 +94,6 @@ class VerifyBudget:
         self.costs = HybridStats(block_size)
         self.drafted = [0.0, 0.0, 0.0, 0.0]  # decayed: drafted steps, tokens they committed, rows verified, draft s
         self._skipped = 0  # steps since the last draft
-        self.exploring = False  # whether draft_pays's last True was a look, not a measured gain (batching.py)
 
     def length(self, confidence: list[float]) -> int:
         accept = [self.calibration.accept(p) for p in confidence]
@@ -108,8 +107,7 @@ class VerifyBudget:
         decodes faster without drafts, as vLLM's dynamic speculation turns speculation off as the batch grows."""
         steps, tokens, rows, draft_s = self.drafted
         rate, line = self.costs.rate(), self.costs.verify_line()
-        self.exploring = sharing > 1 and (steps <= 0 or rate is None or line is None or self._skipped >= EXPLORE - 1)
-        if sharing <= 1 or self.exploring:
+        if sharing <= 1 or steps <= 0 or rate is None or line is None or self._skipped >= EXPLORE - 1:
             self._skipped = 0
             return True
         cost = rate * (sharing * (line(rows / steps) - line(1)) + draft_s / steps)
