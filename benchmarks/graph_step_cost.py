@@ -14,6 +14,9 @@ each variant's target outputs equal the first variant's. `--lengths`: target cal
 too (the verify-cost curve T(B) / T(1); a mixture-of-experts target reads more experts as B grows).
 `--draft-rows`: draft calls of these many rows too (graph revision 12 on: a DFlash draft's prefix graph drafts
 any number of rows), and the break-even tau (T_draft(D) + T(D)) / T(1) of drafting and verifying D rows.
+`--head-rows`: for each length D of `--lengths`, a draft call of the whole block that asks for only D-1 proposals
+(graph revision 15 on: `proposal_rows`, so the others skip the vocabulary head; the proposals do not change), and
+the break-even tau (T_draft(head D-1) + T(D)) / T(1) of verifying D tokens that way.
 """
 
 from __future__ import annotations
@@ -74,7 +77,11 @@ def main() -> None:
     ap.add_argument("--as-run", action="store_true", help="shared spinning pool, padding as built, rotating order")
     ap.add_argument("--lengths", default="", help="comma-separated target call lengths to time as well")
     ap.add_argument("--draft-rows", default="", help="comma-separated draft block lengths to time as well")
+    ap.add_argument("--head-rows", action="store_true", help="whole-block drafts asking for D-1 proposals")
     args = ap.parse_args()
+    from dflash_cli.backends.base import proposal_rows
+    from dflash_cli.exporting.names import PROPOSAL_ROWS
+
     if args.as_run:
         from dflash_cli.ort_threads import use_shared_thread_pool
 
@@ -89,7 +96,8 @@ def main() -> None:
     rng = np.random.default_rng(0)
     lengths = sorted({1, B, *(int(n) for n in args.lengths.split(",") if n)})
     rows = sorted({int(n) for n in args.draft_rows.split(",") if n} - {B})
-    keys = [f"T({n})" for n in lengths] + ["draft"] + [f"draft({n})" for n in rows]
+    heads = [n for n in lengths if 1 < n < B] if args.head_rows else []
+    keys = [f"T({n})" for n in lengths] + ["draft"] + [f"draft({n})" for n in rows] + [f"head({n})" for n in heads]
     times: dict[str, dict[str, list[float]]] = {label: {k: [] for k in keys} for label in variants}
     for info, target, draft, _ in variants.values():  # fill the cache up to START, untimed
         target.reset()
@@ -129,6 +137,8 @@ def main() -> None:
             for n in rows:  # the same context, a shorter block
                 short = {**ctx, "input_ids": ctx["input_ids"][:, :n], "position_ids": ctx["position_ids"][:, :n]}
                 times[label][f"draft({n})"].append(timed(draft, short))
+            for n in heads:  # the same block, n - 1 proposals through the head
+                times[label][f"head({n})"].append(timed(draft, {**ctx, PROPOSAL_ROWS: proposal_rows(n - 1)}))
         for label in variants:
             same[label] &= all(np.array_equal(seen[label][k], seen[first][k]) for k in seen[first])
     doc = {"calls": args.calls, "start": args.start, "block_size": B, "lengths": lengths, "variants": {}}
@@ -143,6 +153,7 @@ def main() -> None:
         doc["variants"][label] = {
             "median_ms": med,
             "break_even_tau": {n: round((d + t) / med["T(1)"], 3) for n, (d, t) in break_even.items() if d and t},
+            "break_even_tau_head": {n: round((med[f"head({n})"] + med[f"T({n})"]) / med["T(1)"], 3) for n in heads},
             "ratio_to_T1": per_one,
             "ratio_to_first": ratio,
             "outputs_equal_first": same[label],
@@ -164,6 +175,11 @@ def main() -> None:
             print(
                 f"{label:40s} {drafts}  break-even tau by rows: " + "  ".join(f"{n}: {v:.2f}" for n, v in even.items())
             )
+        if heads:
+            even = doc["variants"][label]["break_even_tau_head"]
+            drafts = "  ".join(f"head({n}) {doc['variants'][label]['median_ms'][f'head({n})']:.1f}" for n in heads)
+            tail = "  ".join(f"{n}: {v:.2f}" for n, v in even.items())
+            print(f"{label:40s} {drafts}  break-even tau, D-1 proposals: {tail}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(doc, indent=2) + "\n")

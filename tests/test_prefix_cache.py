@@ -8,10 +8,12 @@ import numpy as np
 import onnx
 import pytest
 
+from dflash_cli.backends.base import proposal_rows
 from dflash_cli.backends.ort import OrtSession
 from dflash_cli.backends.ort_kv_inplace import OrtInPlaceKvSession
 from dflash_cli.backends.ort_prefix import OrtPrefixSession, is_prefix_graph, open_prefix_session
 from dflash_cli.errors import BackendError
+from dflash_cli.exporting.names import PROPOSAL_ROWS
 
 
 def _pair(engine, graph: str):
@@ -92,6 +94,30 @@ def test_draft_prefix_equals_static(qwen3_engine) -> None:
     }
     for feeds in (first, second):
         _same(static.run(feeds), prefix.run(feeds))
+
+
+def test_draft_prefix_heads_only_the_proposals_asked_for(qwen3_engine) -> None:
+    # `proposal_rows` [1, n]: the first n proposals, equal to a whole block's first n; its shape is what counts
+    engine = qwen3_engine
+    _, prefix = _pair(engine, "draft")
+    P, B = engine.recipe.export.prefill_seq_len, engine.block_size
+    hidden = prefix._sess.get_inputs()[2].shape[-1]
+    assert PROPOSAL_ROWS in prefix.input_names
+    rng = np.random.default_rng(3)
+    feeds = {
+        "input_ids": np.full((1, B), engine.mask_token_id, np.int64),
+        "position_ids": np.arange(P, P + B)[None],
+        "context_features": rng.standard_normal((1, P, hidden)).astype(np.float32),
+        "context_position_ids": np.arange(P)[None],
+    }
+    whole = prefix.run(feeds)
+    assert whole["draft_tokens"].shape == (1, B - 1)
+    for n in (1, 2, B - 1):
+        prefix.reset()
+        part = prefix.run({**feeds, PROPOSAL_ROWS: proposal_rows(n)})
+        assert part["draft_tokens"].shape == (1, n)
+        np.testing.assert_array_equal(part["draft_tokens"], whole["draft_tokens"][:, :n])
+        np.testing.assert_allclose(part["draft_confidence"], whole["draft_confidence"][:, :n], rtol=1e-5)
 
 
 def test_a_call_past_the_cache_is_refused(qwen3_engine) -> None:

@@ -53,6 +53,23 @@ def test_budget_shortens_verifies_once_long_ones_prove_costly():
     assert budget.length(conf) == 2
 
 
+def test_budget_asks_the_draft_for_a_few_more_proposals_than_recent_verifies_used():
+    from dflash_cli.decoding.verify_length import HEAD_MARGIN, HEAD_WINDOW
+
+    budget = VerifyBudget(16)
+    assert budget.proposal_rows(15) == 15  # nothing measured yet: every proposal, as `length` verifies them all
+    conf = [0.5] * 15
+    for _ in range(HEAD_WINDOW):  # verifies of 3 proposals out of 15 (costs known from here on)
+        budget.learn(conf, [1, 2, 3], [1, 2, 3, 4], verify_s=0.004, step_s=0.01, draft_s=0.003)
+    assert budget.proposal_rows(15) == 3 + HEAD_MARGIN
+    # a step that verified all 5 it was given might have used more: the next draft is asked for twice as many
+    budget.learn(conf[:5], [1, 2, 3, 4, 5], [1, 2, 3, 4, 5, 6], verify_s=0.006, step_s=0.01, draft_s=0.003)
+    assert budget.proposal_rows(15) == min(15, 10 + HEAD_MARGIN)
+    for _ in range(HEAD_WINDOW):  # old choices leave the window
+        budget.learn(conf, [], [7], verify_s=0.001, step_s=0.01, draft_s=0.003)
+    assert budget.proposal_rows(15) == HEAD_MARGIN
+
+
 def test_under_load_a_draft_that_does_not_pay_is_skipped_but_still_tried():
     """Batched serving: a drafted step that commits ~1.2 tokens for a 30 ms draft is not worth it when 4 sequences
     share the calls at 20 tokens/s each; alone the step always drafts; every EXPLORE-th step drafts anyway."""
@@ -173,14 +190,14 @@ def test_draft_prefix_graph_takes_a_block_of_any_length(qwen3_engine):
     with it (the break-even tau of drafting and verifying fewer rows, what a smaller dflash.block_size would buy)."""
     import onnx
 
-    from dflash_cli.exporting.names import BLOCK_ROWS
+    from dflash_cli.exporting.names import BLOCK_ROWS, PROPOSAL_ROWS
 
     model = onnx.load(str(qwen3_engine.compile_dir / "draft_prefix.onnx"), load_external_data=False)
     shape = {vi.name: [d.dim_param or d.dim_value for d in vi.type.tensor_type.shape.dim] for vi in model.graph.input}
     outs = {vi.name: [d.dim_param or d.dim_value for d in vi.type.tensor_type.shape.dim] for vi in model.graph.output}
     assert shape["input_ids"][1] == shape["position_ids"][1] == BLOCK_ROWS
     assert shape["context_features"][1] != BLOCK_ROWS
-    assert outs["draft_tokens"][1] == BLOCK_ROWS + "-1"
+    assert outs["draft_tokens"][1] == shape[PROPOSAL_ROWS][1] == PROPOSAL_ROWS  # revision 15: as many as asked for
     assert qwen3_engine.draft.any_block_rows
     times = qwen3_engine.step_times(repeats=2)
     assert set(times["t_draft_curve"]) == {2, qwen3_engine.block_size}

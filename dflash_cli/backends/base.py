@@ -46,3 +46,19 @@ def drafts_any_rows(inputs) -> bool:
     from dflash_cli.exporting.names import BLOCK_ROWS
 
     return any(i.name == "input_ids" and len(i.shape) > 1 and i.shape[1] == BLOCK_ROWS for i in inputs)
+
+
+def proposal_rows(n: int, batch: int = 1) -> np.ndarray:
+    """The `proposal_rows` feed asking a DFlash draft's prefix graph for n proposals (only its shape is read)."""
+    return np.zeros((batch, n), np.int64)
+
+
+def with_proposal_rows(feeds: dict[str, np.ndarray], input_names) -> dict[str, np.ndarray]:
+    """`feeds` with `proposal_rows` where the graph takes it and the caller left it out: every proposal of the
+    block, as graphs before revision 15 gave."""
+    from dflash_cli.exporting.names import PROPOSAL_ROWS
+
+    if PROPOSAL_ROWS not in input_names or PROPOSAL_ROWS in feeds:
+        return feeds
+    ids = np.asarray(feeds["input_ids"])
+    return {**feeds, PROPOSAL_ROWS: proposal_rows(ids.shape[1] - 1, ids.shape[0])}

@@ -20,10 +20,11 @@ from pathlib import Path
 
 import numpy as np
 
-from dflash_cli.backends.base import is_kv_input
+from dflash_cli.backends.base import is_kv_input, proposal_rows, with_proposal_rows
 from dflash_cli.backends.ort import OrtSettings, session_options
 from dflash_cli.backends.single_row import first_row, pad_single_row
 from dflash_cli.errors import BackendError
+from dflash_cli.exporting.names import PROPOSAL_ROWS
 
 _DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 
@@ -192,6 +193,9 @@ class BatchedDraft:
         b = self._sess.io_binding()
         stacked = _pad_rows(feeds, ["context_features", "context_position_ids"], width)
         stacked |= {n: np.concatenate([np.asarray(f[n]) for f in feeds]) for n in ("input_ids", "position_ids")}
+        if PROPOSAL_ROWS in self.input_names:  # as many proposals as the sequence that wants the most
+            wanted = [with_proposal_rows(f, self.input_names)[PROPOSAL_ROWS].shape[1] for f in feeds]
+            stacked[PROPOSAL_ROWS] = proposal_rows(max(wanted), len(feeds))
         for name, arr in stacked.items():
             b.bind_cpu_input(name, np.ascontiguousarray(arr))
         for name in self.cache_names:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dflash_cli.backends.base import drafts_any_rows, is_cache_input, is_kv_input
+from dflash_cli.backends.base import drafts_any_rows, is_cache_input, is_kv_input, with_proposal_rows
 from dflash_cli.backends.carried_state import CarriedState
 from dflash_cli.backends.ort import OrtSettings, cpu_session
 from dflash_cli.backends.ort_kv_inplace import OrtInPlaceKvSession, is_in_place_graph
@@ -93,6 +93,7 @@ class OrtPrefixSession:
 
     def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         feeds = self.vision.complete(feeds)  # after single-row padding: the padding row's values too
+        feeds = with_proposal_rows(feeds, self.input_names)
         positions = np.asarray(feeds[self._positions_input])
         start = int(positions[0, 0])
         if start < 0 or start + positions.shape[1] > self.ctx_len:

@@ -163,6 +163,7 @@ class SlotSession:
         self.ctx_len = batcher.graphs[graph].ctx_len
         # ONNX Runtime's graphs take calls of any length; a QAIC program its compiled ones (qaic/slots.py)
         self.variable_length = getattr(batcher.graphs[graph], "variable_length", True)
+        self.input_names = list(getattr(batcher.graphs[graph], "input_names", ()))
 
     @property
     def sharing(self) -> int:

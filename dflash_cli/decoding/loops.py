@@ -16,11 +16,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from dflash_cli.backends.base import proposal_rows
 from dflash_cli.decoding.proposer import Proposer
 from dflash_cli.decoding.result import GenerationResult
 from dflash_cli.decoding.sampling import Sampler, SamplingConfig
 from dflash_cli.decoding.target_calls import TimedSession, padded, prefill
 from dflash_cli.decoding.verify_length import VerifyBudget
+from dflash_cli.exporting.names import PROPOSAL_ROWS
 
 if TYPE_CHECKING:
     from dflash_cli.decoding.prompt_lookup import PromptLookupDrafter
@@ -154,6 +156,15 @@ class DFlashProposer(Proposer):
         """Another drafter proposes this step: a block drafted ahead is stale."""
         self._ready = None
 
+    def _rows(self, final: bool) -> dict[str, np.ndarray]:
+        """The `proposal_rows` feed where the draft graph takes it: a call that only fills the cache needs one
+        proposal; a final call as many as the verify budget may use (all without one)."""
+        if PROPOSAL_ROWS not in getattr(self.draft.session, "input_names", ()):
+            return {}
+        most = self.block - 1
+        n = 1 if not final else most if self.verify is None else self.verify.proposal_rows(most)
+        return {PROPOSAL_ROWS: proposal_rows(n)}
+
     def _draft(self, last: int, pos: int) -> list[int]:
         block = [last] + [self.mask_id] * (self.block - 1)
         ids, bpos = padded(block, pos, self.block)
@@ -181,9 +192,8 @@ class DFlashProposer(Proposer):
                 # hold whatever the buffer held, NaN in the fp16 check, and its outputs would be NaN).
                 final = s + chunk >= len(feats)
                 block_pos = bpos if final else padded(block, first + s + len(part), self.block)[1]
-                result = self.draft.run(
-                    {"input_ids": ids, "position_ids": block_pos, "context_features": ctx, "context_position_ids": cpos}
-                )
+                feeds = {"input_ids": ids, "position_ids": block_pos, "context_features": ctx}
+                result = self.draft.run({**feeds, "context_position_ids": cpos, **self._rows(final)})
         self._pending = []
         confidence = result.get("draft_confidence")  # absent from graphs exported before revision 10
         self._confidence = None if confidence is None else [float(p) for p in confidence[0]]

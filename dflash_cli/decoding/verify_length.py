@@ -14,9 +14,16 @@ online: per confidence bin, how often a proposal that was reached was accepted. 
 not acceptance rates (a draft trained on a target's greedy outputs is over- or under-confident by bin), and
 the calibration learns the difference on the pair at hand. Lossless either way: only fewer proposals get
 verified, and the target verifies every token it commits.
+
+The draft's own head pays per proposal too (each row through a 151936-row lm_head: at int4 on the 4B shape a
+draft call of 15 proposals costs ~1.4x a plain step), so a draft graph that takes `proposal_rows` is asked
+for a few more proposals than recent steps chose to verify, and twice as many after a step that verified all
+it was given. A head row costs about a tenth of a verify row, hence the generous margin.
 """
 
 from __future__ import annotations
+
+from collections import deque
 
 BINS = 10  # equal-width bins of the draft's probability
 # Under load a request that stopped drafting still drafts every EXPLORE-th step, so what a draft costs and
@@ -24,6 +31,8 @@ BINS = 10  # equal-width bins of the draft's probability
 EXPLORE = 8
 DRAFTED_MEMORY = 0.98  # per drafted step, the weight older ones keep in what drafting yields and costs
 PRIOR_WEIGHT = 4.0  # pseudo-proposals per bin behind the prior "accepted at the draft's own probability"
+HEAD_WINDOW = 8  # drafted steps whose verify choices bound the next draft's proposals
+HEAD_MARGIN = 2  # proposals asked for beyond the most any of those steps verified
 
 
 class Calibration:
@@ -94,6 +103,14 @@ class VerifyBudget:
         self.costs = HybridStats(block_size)
         self.drafted = [0.0, 0.0, 0.0, 0.0]  # decayed: drafted steps, tokens they committed, rows verified, draft s
         self._skipped = 0  # steps since the last draft
+        self._wanted: deque[int] = deque(maxlen=HEAD_WINDOW)  # proposals each recent drafted step could use
+
+    def proposal_rows(self, most: int) -> int:
+        """How many of a block's `most` proposals to ask the draft for: all of them until the verify's costs are
+        known (as `length`), then HEAD_MARGIN more than recent steps could use."""
+        if self.costs.rate() is None or self.costs.verify_line() is None or not self._wanted:
+            return most
+        return max(1, min(most, max(self._wanted) + HEAD_MARGIN))
 
     def length(self, confidence: list[float]) -> int:
         accept = [self.calibration.accept(p) for p in confidence]
@@ -130,6 +147,8 @@ class VerifyBudget:
         `confidence` None, a step that did not draft."""
         if confidence is not None:
             self.calibration.learn(confidence, proposal, committed)
+            # it verified every proposal it was given: it might have used more
+            self._wanted.append(2 * len(proposal) if len(proposal) >= len(confidence) else len(proposal))
         if draft_s is not None:
             old = [DRAFTED_MEMORY * v for v in self.drafted]
             self.drafted = [a + b for a, b in zip(old, (1.0, len(committed), len(proposal) + 1, draft_s))]

@@ -16,7 +16,7 @@ import torch
 
 from dflash_cli.errors import DFlashError
 from dflash_cli.exporting.external_data import Initializer, WrittenTensors, write_initializers
-from dflash_cli.exporting.names import BLOCK_ROWS, WRAPPER_PREFIX
+from dflash_cli.exporting.names import BLOCK_ROWS, PROPOSAL_ROWS, WRAPPER_PREFIX
 from dflash_cli.exporting.no_retrace import skip_retrace
 
 PENDING_ROWS = "pending_rows"
@@ -64,6 +64,8 @@ def trace_template(
     batch = torch.export.Dim(BATCH, min=1, max=1024)
     rows = torch.export.Dim(BLOCK_ROWS, min=2, max=1024)
     dynamic |= {_arg(n): {1: rows} for n in block_inputs}
+    if PROPOSAL_ROWS in input_names:  # a DFlash draft's prefix graph: how many proposals reach its head
+        dynamic[_arg(PROPOSAL_ROWS)] = {1: torch.export.Dim(PROPOSAL_ROWS, min=1, max=1024)}
     for n in batch_inputs:
         dynamic[_arg(n)] = {**(dynamic[_arg(n)] or {}), 0: batch}
     with warnings.catch_warnings(), torch.no_grad(), _one_op_registry(), skip_retrace():
@@ -278,6 +280,7 @@ def _name_seq_dims(path: Path) -> None:
     # a batched prefix graph's token inputs have a symbolic axis 0 (a vision tower's axis 0 is its patches)
     batched = any(i.name == "input_ids" and i.type.tensor_type.shape.dim[0].dim_param for i in model.graph.input)
     block = _block_rows(model)
+    proposal_rows = any(i.name == PROPOSAL_ROWS for i in model.graph.input)
     slot_graph = any(i.name == "batch_index" for i in model.graph.input)
     for vi in [*model.graph.input, *model.graph.output]:
         is_past = vi.name.startswith("past_") and vi in model.graph.input
@@ -285,7 +288,9 @@ def _name_seq_dims(path: Path) -> None:
             rows = vi.name.startswith(PENDING_ROWS_INPUTS)
             want = (PENDING_ROWS if rows else "past_len") if is_past and axis == 1 else "seq_len"
             if axis == 1 and block and vi.name.startswith("draft_"):  # the proposals: all rows but the first
-                want = BLOCK_ROWS + "-1"
+                want = PROPOSAL_ROWS if proposal_rows else BLOCK_ROWS + "-1"
+            if axis == 1 and vi.name == PROPOSAL_ROWS:
+                want = PROPOSAL_ROWS
             want = BLOCK_ROWS if axis == 1 and vi.name in block else want
             # a "_cb" graph's calls: `batch_size`, the symbol QAIC's specializations fix (qaic/specs.py)
             want = (SLOT_BATCH if slot_graph else BATCH) if axis == 0 and batched else want

@@ -13,6 +13,7 @@ import math
 import torch
 from torch import nn
 
+from dflash_cli.exporting.names import PROPOSAL_ROWS
 from dflash_cli.modeling.layers import (
     RMSNorm,
     Rotary,
@@ -134,9 +135,12 @@ class DFlashDraft(nn.Module):
         """Logits of every block position given fused context (training and the eager reference)."""
         return self.lm_head(self.hidden_states(block_ids, block_pos, self.context_kv(ctx, ctx_pos), visible))
 
-    def propose(self, block_ids, h) -> tuple[torch.Tensor, torch.Tensor]:
+    def propose(self, block_ids, h, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(tokens, logits) proposed for the block's positions after its first, from its final hidden states:
-        each position's argmax, or a DFlash2 draft's selector walk from the block's first token."""
+        each position's argmax, or a DFlash2 draft's selector walk from the block's first token. `rows` (a
+        DFlash draft's prefix graph): only the first rows.shape[1] proposals, the rest never reach the head."""
+        if rows is not None:  # a gather, not a slice: the rows' count stays unrelated to the block's length
+            h = h.index_select(1, torch.arange(rows.shape[1] + 1, device=h.device))
         logits = self.lm_head(h[:, 1:])
         if not self.dflash2:
             return torch.argmax(logits, dim=-1), logits
@@ -182,6 +186,13 @@ class StaticCacheDraft(nn.Module):
         """Whether the block may be of any length (not a DFlash2 draft, whose convolutions span a fixed block)."""
         return not self.draft.dflash2
 
+    @property
+    def takes_proposal_rows(self) -> bool:
+        """Whether the graph takes `proposal_rows` (a DFlash draft's one-sequence-per-slot prefix graph): only its
+        axis 1 is read, the number of proposals that go through the vocabulary head (the decoding loop asks for
+        as many as it may verify; at a 151936-row head that is much of a draft call's cost)."""
+        return self.prefix_cache and self.any_block_rows and not self.full_batch_size
+
     full_batch_size = 0  # as StaticCacheTarget's: `batch_index` after context_position_ids, caches of that many
 
     def use_batch_index(self, full_batch_size: int) -> None:
@@ -194,6 +205,9 @@ class StaticCacheDraft(nn.Module):
         where = context_position_ids
         if self.full_batch_size:
             where, past = SlotRows(past[0].reshape(-1), context_position_ids), past[1:]
+        rows = None
+        if self.takes_proposal_rows:
+            rows, past = past[0], past[1:]
         new_kv = d.context_kv(context_features, context_position_ids)
         retained, per_layer = [], []
         for i, (k, v) in enumerate(new_kv):
@@ -216,7 +230,7 @@ class StaticCacheDraft(nn.Module):
         block_visible = torch.ones_like(cache_visible[..., : input_ids.shape[1]])
         visible = torch.cat([cache_visible, block_visible], dim=-1)[:, None]
         h = d.hidden_states(input_ids, position_ids, per_layer, visible)
-        tokens, logits = d.propose(input_ids, h)
+        tokens, logits = d.propose(input_ids, h, rows)
         confidence = proposal_confidence(logits, tokens)
         return (tokens, confidence, logits, *retained) if self.emit_logits else (tokens, confidence, *retained)
 
@@ -238,5 +252,6 @@ class StaticCacheDraft(nn.Module):
         cache_in = [f"past_{kv}.{i}" for i in range(len(self.draft.layers)) for kv in ("key", "value")]
         head = ["draft_tokens", "draft_confidence", *(["draft_logits"] if self.emit_logits else [])]
         slots = ["batch_index"] if self.full_batch_size else []
+        slots += [PROPOSAL_ROWS] if self.takes_proposal_rows else []
         inputs = ["input_ids", "position_ids", "context_features", "context_position_ids", *slots, *cache_in]
         return inputs, [*head, *cache_outputs(cache_in, self.prefix_cache)]
