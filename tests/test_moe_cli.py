@@ -46,5 +46,11 @@ def test_quantised_moe_build_runs_and_benches_losslessly(family: str, precision:
     # the draft's prefix graph takes fewer rows: a step drafting and verifying 2 of the 4 breaks even lower
     assert set(dec["t_draft_curve_s"]) == {"2", "4"} and dec["t_draft_curve_s"]["4"] == dec["t_draft_s"]
     assert dec["break_even_tau_by_rows"]["4"] == dec["break_even_tau"]
+    # the whole block drafted, 1 proposal asked for (graph revision 15), then 2 verified
+    assert (
+        set(dec["t_draft_proposals_curve_s"]) == {"2", "4"}
+        and dec["break_even_tau_by_verify"]["4"] == dec["break_even_tau"]
+    )
     text = dflash_ok("bench", *common, "--dataset", str(tmp_path / "prompts.jsonl"), "--max-new-tokens", "8").stdout
     assert "verify cost T(n)/T(1)" in text and "break-even tau" in text and "rows drafted+verified" in text
+    assert "n verified, n-1 proposed" in text

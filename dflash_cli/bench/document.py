@@ -224,6 +224,8 @@ def decomposition(result: BenchResult, by_mode: dict[str, list[GenerationResult]
     curve = {int(n): s for n, s in (times.get("t_verify_curve") or {}).items()}
     drafts = {int(n): s for n, s in (times.get("t_draft_curve") or {}).items()}
     by_rows = {n: (d + curve[n]) / t1 for n, d in drafts.items() if n in curve} if t1 else {}
+    asked = {int(n): s for n, s in (times.get("t_draft_proposals_curve") or {}).items()}
+    by_verify = {n: (d + curve[n]) / t1 for n, d in asked.items() if n in curve} if t1 else {}
     return {
         "block_size": result.block_size,
         "t1_s": t1,
@@ -238,6 +240,10 @@ def decomposition(result: BenchResult, by_mode: dict[str, list[GenerationResult]
         # that drafts and verifies n rows: (T_draft(n) + T(n)) / T(1)
         "t_draft_curve_s": drafts or None,
         "break_even_tau_by_rows": by_rows or None,
+        # a whole-block draft asking for n - 1 proposals (what run.verify auto does), and its step's break-even
+        # tau when it verifies n: (T_draft(n - 1 proposals) + T(n)) / T(1)
+        "t_draft_proposals_curve_s": asked or None,
+        "break_even_tau_by_verify": by_verify or None,
         "mean_acceptance_length": tau,
         "ceiling_speedup": ceiling,
         "measured_speedup": metrics.decode_speedup(baseline, dflash) if baseline is not None else None,

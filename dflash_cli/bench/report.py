@@ -166,6 +166,9 @@ def decomposition_table(dec: dict[str, Any]) -> Table:
     if dec.get("break_even_tau_by_rows"):
         rows = sorted(dec["break_even_tau_by_rows"].items(), key=lambda i: int(i[0]))
         table.add_row("break-even tau, n rows drafted+verified", "  ".join(f"{n}: {t:.2f}" for n, t in rows))
+    if dec.get("break_even_tau_by_verify"):
+        rows = sorted(dec["break_even_tau_by_verify"].items(), key=lambda i: int(i[0]))
+        table.add_row("break-even tau, n verified, n-1 proposed", "  ".join(f"{n}: {t:.2f}" for n, t in rows))
     table.add_row("tau", _num(dec["mean_acceptance_length"], ".2f"))
     table.add_row("ceiling tau·T(1)/(T_verify+T_draft)", _num(dec["ceiling_speedup"], ".2f", suffix="x"))
     table.add_row("measured speedup", _num(dec["measured_speedup"], ".2f", suffix="x"))

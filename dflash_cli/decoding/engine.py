@@ -8,13 +8,9 @@ from __future__ import annotations
 
 import copy
 import json
-import statistics
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from dflash_cli.decoding.hybrid import HybridStats
 from dflash_cli.decoding.loops import LoopConfig, generate_plain, generate_speculative
@@ -22,7 +18,7 @@ from dflash_cli.decoding.make_proposer import make_proposer
 from dflash_cli.decoding.modes import MODES, canonical
 from dflash_cli.decoding.result import GenerationResult
 from dflash_cli.decoding.sampling import SamplingConfig
-from dflash_cli.decoding.target_calls import TimedSession, padded
+from dflash_cli.decoding.target_calls import TimedSession
 from dflash_cli.decoding.verify_length import VerifyBudget
 from dflash_cli.errors import BackendError, GenerationError
 from dflash_cli.vision_feeds import ImagePrompt
@@ -281,55 +277,15 @@ class Engine:
         return generate_speculative(target, proposer, prompt_ids, self.prefill_len, self.block_size, cfg, on_commit)
 
     def step_times(self, repeats: int = 20) -> dict[str, Any]:
-        """Median seconds of one plain step, one verify call and one draft call (warm sessions), and of
-        target calls of 2, 4, 8... tokens below the block (`t_verify_curve`: how verify cost grows; a
-        mixture-of-experts target reads more experts the more tokens a call has); `t_draft_curve` likewise for
-        draft calls of fewer rows, where the draft graph takes them (what a smaller dflash.block_size costs)."""
-        B, H = self.block_size, self.hidden_size
-        self.target.reset()
-        self.draft.reset()
-        one, block = _block_feeds(1), _block_feeds(B)
-        _, cpos = padded([0] * B, _TIMING_POSITION - B, B)
-        draft_feeds = {**block, "context_features": np.zeros((1, B, H), np.float32), "context_position_ids": cpos}
-        times: dict[str, Any] = {
-            "t1": _median_seconds(lambda: self.target.run(one), repeats),
-            "t_verify": _median_seconds(lambda: self.target.run(block), repeats),
-            "t_draft": _median_seconds(lambda: self.draft.run(draft_feeds), repeats),
-        }
-        shorter = tuple(n for n in (2, 4, 8, 16, 32) if n < B)
-        curve = self.verify_cost_curve(shorter, repeats) if shorter else {}
-        times["t_verify_curve"] = {1: times["t1"], **curve, B: times["t_verify"]}
-        if getattr(self.draft, "any_block_rows", False) and shorter:
-            rows = {n: {k: v[:, :n] if k in block else v for k, v in draft_feeds.items()} for n in shorter if n > 1}
-            drafts = {n: _median_seconds(lambda: self.draft.run(f), repeats) for n, f in rows.items()}  # noqa: B023
-            times["t_draft_curve"] = {**drafts, B: times["t_draft"]}
-        return times
+        """Median seconds of each kind of call, warm (decoding/step_times.py)."""
+        from dflash_cli.decoding.step_times import step_times
+
+        return step_times(self.target, self.draft, self.block_size, self.hidden_size, repeats)
 
     def verify_cost_curve(self, sizes: tuple[int, ...] = (1, 2, 4, 8, 16), repeats: int = 20) -> dict[int, float]:
-        """Median target-call seconds for each number of tokens (how verify cost grows with the block)."""
-        out = {}
-        for n in sizes:
-            feeds = _block_feeds(n)
-            out[n] = _median_seconds(lambda: self.target.run(feeds), repeats)  # noqa: B023 - called before next n
-        return out
+        from dflash_cli.decoding.step_times import verify_cost_curve
 
-
-_TIMING_POSITION = 64  # where timing calls write; any position past the context works
-
-
-def _block_feeds(n: int) -> dict[str, np.ndarray]:
-    return dict(zip(("input_ids", "position_ids"), padded([1] * n, _TIMING_POSITION, n)))
-
-
-def _median_seconds(call, repeats: int) -> float:
-    """Median wall time of `call` after one warm-up call."""
-    call()
-    samples = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        call()
-        samples.append(time.perf_counter() - t)
-    return statistics.median(samples)
+        return verify_cost_curve(self.target, sizes, repeats)
 
 
 def _open(backend: str, compile_dir: Path, graph: str, recipe: Any, tables=None, spinning: bool | None = None):
