@@ -13,7 +13,6 @@ import math
 import torch
 from torch import nn
 
-from dflash_cli.exporting.names import PROPOSAL_ROWS
 from dflash_cli.modeling.layers import (
     RMSNorm,
     Rotary,
@@ -252,6 +251,6 @@ class StaticCacheDraft(nn.Module):
         cache_in = [f"past_{kv}.{i}" for i in range(len(self.draft.layers)) for kv in ("key", "value")]
         head = ["draft_tokens", "draft_confidence", *(["draft_logits"] if self.emit_logits else [])]
         slots = ["batch_index"] if self.full_batch_size else []
-        slots += [PROPOSAL_ROWS] if self.takes_proposal_rows else []
+        slots += ["proposal_rows"] if self.takes_proposal_rows else []  # exporting.names.PROPOSAL_ROWS
         inputs = ["input_ids", "position_ids", "context_features", "context_position_ids", *slots, *cache_in]
         return inputs, [*head, *cache_outputs(cache_in, self.prefix_cache)]
