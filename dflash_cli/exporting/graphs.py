@@ -389,15 +389,8 @@ def _example_inputs(
         pos = torch.zeros(batch, B, dtype=torch.long)
         extra = [t.to(meta) for t in module.text_inputs(pos, dtype)] if getattr(module, "extra_inputs", ()) else []
         return (ids, pos.to(meta), *index, *extra, *past)
-    # how many proposals reach the head: an example count unlike any other size, so it stays symbolic
-    takes_rows = getattr(module, "takes_proposal_rows", False)
-    rows = [torch.zeros(batch, B + P + 7, dtype=torch.long, device=meta)] if takes_rows else []
-    return (
-        ids,
-        torch.zeros(batch, B, dtype=torch.long, device=meta),
-        torch.zeros(batch, P, shape.hidden, dtype=dtype, device=meta),
-        torch.zeros(batch, P, dtype=torch.long, device=meta),
-        *index,
-        *rows,
-        *past,
-    )
+    long = {"dtype": torch.long, "device": meta}
+    # `proposal_rows`: how many proposals reach the head, an example count unlike any other size (stays symbolic)
+    rows = [torch.zeros(batch, B + P + 7, **long)] if getattr(module, "takes_proposal_rows", False) else []
+    ctx = torch.zeros(batch, P, shape.hidden, dtype=dtype, device=meta)
+    return (ids, torch.zeros(batch, B, **long), ctx, torch.zeros(batch, P, **long), *index, *rows, *past)
