@@ -222,6 +222,19 @@ def test_batch_invariance_is_checked_where_the_other_checks_are_too_big(tiny_qwe
     assert facts["batch_invariance"]["equal"] and facts["batch_invariance"]["sequences"] == 3
 
 
+def test_batch_check_opens_one_more_target_session(tiny_qwen3_pair, tmp_path, monkeypatch):
+    """The build's batch check serves its one-sequence calls with the prefix session already open: one more
+    copy of the target's weights in memory (for the 3-sequence calls), not two (the 4B int4 build passed its
+    memory bound when it opened both)."""
+    import dflash_cli.backends.ort_batched as batched
+    from tests.engines import build_recipe
+
+    opened, real = [], batched._open
+    monkeypatch.setattr(batched, "_open", lambda path, *a, **k: opened.append(path.name) or real(path, *a, **k))
+    build_recipe(tiny_qwen3_pair, tmp_path)
+    assert opened == ["target_prefix.onnx"]
+
+
 @pytest.mark.parametrize("equal", [True, False])
 def test_serve_checks_batch_invariance_where_the_build_could_not(qwen3_engine, monkeypatch, equal):
     """A build too big for its own batch check (an fp32 build of a real pair) is checked by `serve` on the

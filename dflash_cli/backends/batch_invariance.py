@@ -14,11 +14,12 @@ from pathlib import Path
 import numpy as np
 
 
-def batch_invariance(onnx_path: Path, info: dict, vocab_size: int, settings, pad_single_rows: bool) -> dict:
-    """{"sequences": 3, "max_diff": {output: worst}, "equal": bool} (tokens: the fraction that differ)."""
+def batch_invariance(onnx_path: Path, info: dict, vocab_size: int, settings, pad_single_rows: bool, one=None) -> dict:
+    """{"sequences": 3, "max_diff": {output: worst}, "equal": bool} (tokens: the fraction that differ).
+    `one`: an open session of the graph for the calls of one sequence (else one more is opened)."""
     from dflash_cli.backends.ort_batched import BatchedTarget
 
-    target = BatchedTarget(onnx_path, info["ctx_len"], 3, settings, pad_single_rows=pad_single_rows)
+    target = BatchedTarget(onnx_path, info["ctx_len"], 3, settings, pad_single_rows=pad_single_rows, one=one)
     return check_target(target, info["block_size"], vocab_size)
 
 
