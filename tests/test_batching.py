@@ -263,3 +263,25 @@ def test_serve_checks_batch_invariance_where_the_build_could_not(qwen3_engine, m
             assert scheduler.slots == 1 and "checked at start" in scheduler.batch_refusal
     finally:
         scheduler.close()
+
+
+def test_slots_are_sized_by_a_session_and_a_cache_each(monkeypatch):
+    """Each slot past the first costs a packed copy of the target's weights and its sequence's K/V buffers:
+    with 20 GB available at the 4B int4 shape (2.8 GB of weights, 1.2 GB of K/V per sequence), 3 slots fit
+    in half of it, not the 4 that counting weights alone allowed."""
+    import types
+
+    import dflash_cli.process_memory as pm
+    from dflash_cli.decoding.batched_engine import affordable_slots
+
+    kv = types.SimpleNamespace(nbytes=1_200_000_000)
+    engine = types.SimpleNamespace(
+        recipe=types.SimpleNamespace(compile=types.SimpleNamespace(backend="ort")),
+        weight_bytes={"target": 2_800_000_000},
+        target=types.SimpleNamespace(_arrays={"past_key_0": kv}),
+    )
+    monkeypatch.setattr(pm, "available_bytes", lambda: 20_000_000_000)
+    assert affordable_slots(engine, 8) == 3
+    assert affordable_slots(engine, 2) == 2
+    monkeypatch.setattr(pm, "available_bytes", lambda: 4_000_000_000)
+    assert affordable_slots(engine, 8) == 1

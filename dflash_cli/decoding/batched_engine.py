@@ -66,14 +66,16 @@ def _full_batch(engine: Any) -> int:
 
 
 def affordable_slots(engine: Any, slots: int) -> int:
-    """At most `slots`, fewer where memory is short: every batch size above one opens a session of its own,
-    a copy of the target's weights as ONNX Runtime packs them (+0.57 GiB each on the 0.6B-shaped int4 target),
-    and together they may take half of the memory available now."""
+    """At most `slots`, fewer where memory is short. Each slot past the first costs a session of its own (every
+    batch size opens one: a copy of the target's weights as ONNX Runtime packs them, about 1.25x their bytes) and
+    its sequence's K/V buffers (1.2 GB at the 4B shape's 4096 positions); together they may take half of the
+    memory available now."""
     from dflash_cli.process_memory import available_bytes
 
     if engine.recipe.compile.backend == "qaic":  # the card's programs hold the caches they were compiled for
         return min(slots, _full_batch(engine))
-    free, each = available_bytes(), max(1, engine.weight_bytes["target"])
+    kv = sum(a.nbytes for a in getattr(engine.target, "_arrays", {}).values())
+    free, each = available_bytes(), max(1, int(1.25 * engine.weight_bytes["target"]) + kv)
     return slots if free is None else max(1, min(slots, 1 + (free // 2) // each))
 
 
