@@ -15,9 +15,8 @@ on a server.
 (emulated_costs.py): the pair's own acceptance under another model's cost curve (e.g. the demo pair's drafts at
 the 4B shape's int4 costs, whose acceptance a random pair cannot show).
 
-`--modes plain,auto,auto-all,hybrid,hybrid-all`: `auto-all` is `auto` with every proposal of the block through the
-draft's head (as before graph revision 15), the A/B of asking the draft only for the proposals a verify may use;
-`hybrid-all` is the hybrid mode likewise (which asks for exactly the proposals its chosen verify length takes).
+`--modes plain,auto,auto-all`: `auto-all` is `auto` with every proposal of the block through the draft's head (as
+before graph revision 15), the A/B of asking the draft only for the proposals a verify may use.
 """
 
 from __future__ import annotations
@@ -45,7 +44,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--emulate", type=Path, help="graph_step_cost.py JSON whose cost curve every call is padded to")
     ap.add_argument("--emulate-t1-ms", type=float, default=5.0)
-    ap.add_argument("--modes", default=",".join(MODES), help="plain first; block, auto, auto-all, hybrid, hybrid-all")
+    ap.add_argument("--modes", default=",".join(MODES), help="plain first; block, auto, auto-all")
     args = ap.parse_args()
     modes = tuple(args.modes.split(","))
     assert modes[0] == "plain", "plain comes first: every mode is compared with it"
@@ -53,12 +52,12 @@ def main() -> None:
     from dflash_cli.bench.datasets import load_dataset
     from dflash_cli.cache import Cache
     from dflash_cli.decoding.engine import build_engine
-    from dflash_cli.decoding.loops import DFlashProposer
+    from dflash_cli.decoding.verify_length import VerifyBudget
     from dflash_cli.recipe import load_recipe
 
     every_proposal = {"on": False}
-    wanted = DFlashProposer._wanted
-    DFlashProposer._wanted = lambda self, most: most if every_proposal["on"] else wanted(self, most)
+    asked = VerifyBudget.proposal_rows
+    VerifyBudget.proposal_rows = lambda self, most: most if every_proposal["on"] else asked(self, most)
 
     if args.emulate:
         from emulated_costs import install
@@ -66,13 +65,13 @@ def main() -> None:
         install(json.loads(args.emulate.read_text()), args.emulate_t1_ms)
     recipe = load_recipe(args.recipe, args.overrides)
     engine = build_engine(recipe, Cache())
-    verify = {"auto-all": "auto", "hybrid": "auto", "hybrid-all": "auto"}
+    verify = {"auto-all": "auto"}
     variants = {
         v: recipe.model_copy(update={"run": recipe.run.model_copy(update={"verify": verify.get(v, v)})})
         for v in modes[1:]
     }
     samples = load_dataset("humaneval", max_samples=args.samples)
-    rows, mismatches, learnt = [], 0, {}
+    rows, mismatches = [], 0
     for k, sample in enumerate(samples):
         ids = engine.encode_prompt(sample.turns[0])
         order = modes[k % len(modes) :] + modes[: k % len(modes)]
@@ -80,11 +79,8 @@ def main() -> None:
         for mode in order:
             if mode != "plain":
                 engine.recipe = variants[mode]
-            every_proposal["on"] = mode.endswith("-all")
-            run_mode = mode if mode == "plain" else "hybrid" if mode.startswith("hybrid") else "dflash"
-            engine.hybrid_stats = learnt.get(mode)  # each hybrid variant learns its own draft cost and tables
-            r = engine.generate(ids, mode=run_mode, max_new_tokens=args.tokens)
-            learnt[mode] = engine.hybrid_stats
+            every_proposal["on"] = mode == "auto-all"
+            r = engine.generate(ids, mode="plain" if mode == "plain" else "dflash", max_new_tokens=args.tokens)
             row[mode] = r
         for mode in modes[1:]:
             if row[mode].tokens != row["plain"].tokens:
@@ -105,10 +101,7 @@ def main() -> None:
             "target_ms_per_step": round(1000 * sum(r.target_s for r in rs) / steps, 3),
             "draft_ms_per_call": round(1000 * sum(r.draft_s for r in rs) / max(1, sum(r.draft_calls for r in rs)), 3),
         }
-    pairs = (
-        *(("auto", "block"), ("auto", "auto-all"), ("auto", "plain"), ("block", "plain"), ("auto-all", "plain")),
-        *(("hybrid", "hybrid-all"), ("hybrid", "plain"), ("hybrid-all", "plain")),
-    )
+    pairs = (("auto", "block"), ("auto", "auto-all"), ("auto", "plain"), ("block", "plain"), ("auto-all", "plain"))
     for a, b in (p for p in pairs if p[0] in modes and p[1] in modes):
         logs = [math.log(row[b].decode_s / row[a].decode_s) for row in rows if row[a].decode_s > 0]
         mean, se = statistics.mean(logs), statistics.stdev(logs) / math.sqrt(len(logs))

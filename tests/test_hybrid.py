@@ -67,35 +67,6 @@ def test_draft_catches_up_after_lookup_steps(qwen3_engine, monkeypatch):
     assert hybrid.tokens == dflash_only.tokens
 
 
-def test_a_drafted_step_asks_the_draft_only_for_the_proposals_it_verifies(qwen3_engine, monkeypatch):
-    """The hybrid chooses its verify length before it drafts, so the draft's head computes only those
-    proposals (graph revision 15); the output is still the target's own."""
-    from dflash_cli.decoding.hybrid import HybridProposer
-    from dflash_cli.exporting.names import PROPOSAL_ROWS
-
-    rng, chosen, asked = np.random.default_rng(4), {"length": None}, []
-    block = qwen3_engine.block_size
-
-    def choose(self, n, limit=None):
-        chosen["length"] = int(rng.integers(2, block + 1))
-        return "dflash", chosen["length"]
-
-    run = qwen3_engine.draft.run
-    monkeypatch.setattr(HybridProposer, "choose", choose)
-    monkeypatch.setattr(
-        qwen3_engine.draft,
-        "run",
-        lambda feeds: asked.append((chosen["length"], feeds[PROPOSAL_ROWS].shape[1])) or run(feeds),
-    )
-    for prompt in _prompts(qwen3_engine.tokenizer.vocab_size, seed=6)[:6]:
-        chosen["length"] = None
-        hybrid = qwen3_engine.generate(prompt, mode="hybrid", max_new_tokens=MAX_NEW)
-        assert hybrid.tokens == qwen3_engine.generate(prompt, mode="plain", max_new_tokens=MAX_NEW).tokens
-    assert asked[0] == (None, block - 1)  # the block drafted at prefill, before any length was chosen
-    assert all(n == (block if length is None else length) - 1 for length, n in asked), asked
-    assert {n for _, n in asked} == set(range(1, block))
-
-
 def _stats_with(block: int, lookup: dict[int, int], dflash: dict[int, int], steps: int = 20):
     """HybridStats whose sources commit exactly the given tokens per step, for match lengths n."""
     from dflash_cli.decoding.hybrid import HybridStats

@@ -20,8 +20,7 @@ Everything is learnt online on the engine: per (source, n) how far proposals sur
 table, so a short verify that was fully accepted counts as "at least L", not as "exactly L"), the
 seconds of a verify per length and of a draft call. Lookup's acceptance is learnt at every step,
 also when the draft proposed: its proposal is checked against the tokens the target committed.
-A lookup step skips the draft call (its context queues for the draft's next call); a draft step asks the
-draft for only the L-1 proposals it verifies, so the rest skip the draft's vocabulary head. Greedy output
+A lookup step skips the draft call (its context queues for the draft's next call). Greedy output
 stays the target's own whatever proposes: the target verifies every token.
 """
 
@@ -203,9 +202,7 @@ class HybridProposer(Proposer):
             proposal = lookup
         else:
             before = (self.draft.calls, self.draft.seconds)
-            self.dflash.asked = length - 1  # the rest would go through the draft's head for nothing
             proposal = self.dflash.propose(history, last, pos, self.block)
-            self.dflash.asked = None
             if self.draft.calls > before[0]:  # a block drafted ahead at prefill cost nothing here
                 self.stats.t_draft[0] += self.draft.seconds - before[1]
                 self.stats.t_draft[1] += 1

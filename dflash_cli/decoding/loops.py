@@ -114,9 +114,6 @@ class DFlashProposer(Proposer):
         # makes worth the call (decoding/verify_length.py); None: always the whole block.
         self.verify = verify
         self._confidence: list[float] | None = None  # of the block drafted last, if the draft graph gives it
-        # How many proposals the next draft call asks for where the caller already knows (the hybrid has chosen
-        # its verify length before it drafts); None: as the verify budget says.
-        self.asked: int | None = None
         # this step's proposal, start and draft seconds (None: drafted ahead), for `verified`; proposal None: no draft
         self._step: tuple[list[int] | None, float, float | None] | None = None
 
@@ -161,15 +158,12 @@ class DFlashProposer(Proposer):
 
     def _rows(self, final: bool) -> dict[str, np.ndarray]:
         """The `proposal_rows` feed where the draft graph takes it: a call that only fills the cache needs one
-        proposal; a final call as many as were asked for, or the verify budget may use (all without one)."""
+        proposal; a final call as many as the verify budget may use (all without one)."""
         if PROPOSAL_ROWS not in getattr(self.draft.session, "input_names", ()):
             return {}
-        return {PROPOSAL_ROWS: proposal_rows(self._wanted(self.block - 1) if final else 1)}
-
-    def _wanted(self, most: int) -> int:
-        if self.asked is not None:
-            return max(1, min(most, self.asked))
-        return most if self.verify is None else self.verify.proposal_rows(most)
+        most = self.block - 1
+        n = 1 if not final else most if self.verify is None else self.verify.proposal_rows(most)
+        return {PROPOSAL_ROWS: proposal_rows(n)}
 
     def _draft(self, last: int, pos: int) -> list[int]:
         block = [last] + [self.mask_id] * (self.block - 1)
