@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated
 
 import typer
@@ -72,18 +73,15 @@ def check_command(
     qaic = r.compile.backend == "qaic"
     result = build(r, cache, upto="compile" if (fp16_prompts or bands) and not qaic else "export", hold=True)
 
-    loaded: list = []  # the prompt check and the band check share one engine: loading it twice held both
-
+    @functools.cache  # the prompt check and the band check share one engine: loading it for each held both
     def fp32_engine():
         from dflash_cli.decoding.engine import Artifacts, Engine
 
-        if not loaded and not qaic:
-            loaded.append(Engine.load(r, cache))
-        elif not loaded:
-            sets = [*(set_ or []), "export.weights=all", "compile.backend=ort", "compile.ort.prefix_cache=false"]
-            export = result.path("export")
-            loaded.append(Engine(load_recipe(recipe, sets), Artifacts(result.path("inject"), export, export, {})))
-        return loaded[0]
+        if not qaic:
+            return Engine.load(r, cache)
+        sets = [*(set_ or []), "export.weights=all", "compile.backend=ort", "compile.ort.prefix_cache=false"]
+        export = result.path("export")
+        return Engine(load_recipe(recipe, sets), Artifacts(result.path("inject"), export, export, {}))
 
     report = readiness_report(result.path("export"))
     doc = {"recipe": r.name, "readiness": report.to_dict()}

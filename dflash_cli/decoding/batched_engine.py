@@ -74,8 +74,10 @@ def affordable_slots(engine: Any, slots: int) -> int:
 
     if engine.recipe.compile.backend == "qaic":  # the card's programs hold the caches they were compiled for
         return min(slots, _full_batch(engine))
+    from dflash_cli.backends.ort_batched import PACKED_WEIGHTS
+
     kv = sum(a.nbytes for a in getattr(engine.target, "_arrays", {}).values())
-    free, each = available_bytes(), max(1, int(1.25 * engine.weight_bytes["target"]) + kv)
+    free, each = available_bytes(), max(1, int(PACKED_WEIGHTS * engine.weight_bytes["target"]) + kv)
     return slots if free is None else max(1, min(slots, 1 + (free // 2) // each))
 
 

@@ -117,16 +117,16 @@ def _check_batches(path, sess, info: dict, vocab_size: int, settings, facts: dic
     if first.dim_param != "batch":  # built before batching
         return
     from dflash_cli.backends.batch_invariance import batch_invariance
+    from dflash_cli.backends.ort_batched import PACKED_WEIGHTS
     from dflash_cli.ortcompile.checks import graph_weight_bytes
     from dflash_cli.process_memory import available_bytes
 
-    # One more session, for calls of several sequences: its own copy of the weights as ONNX Runtime packs them
-    # (about 1.25x the graph's weight bytes), beside the one open. Both within the build's budget.
+    # One more session, for calls of several sequences: its own packed copy of the weights, beside the one open.
     extra, free = graph_weight_bytes(path), available_bytes()
     if 2 * extra > budget:
         facts["batch_invariance"] = {"equal": False, "skipped": "a second target session is above the build's budget"}
         return
-    if free is not None and 1.25 * extra > free:
+    if free is not None and PACKED_WEIGHTS * extra > free:
         facts["batch_invariance"] = {"equal": False, "skipped": "a second target session does not fit in memory"}
         return
     pad = facts.get("prefix_one_token_calls") != "one row"
