@@ -18,6 +18,11 @@ sdist: `pip download llama-cpp-python --no-binary :all:`), llama.cpp joins the r
 by `PEERS_LLAMA_CPP=1 bash benchmarks/peers_setup.sh`): the target converted to GGUF f32 by the tree's
 convert_hf_to_gguf.py and quantised to --llama-quants (q8_0, q4_0, q4_k_m) through llama_cpp's quantise call,
 run with 2 threads (this machine's cores) through llama-cpp-python, same prompt ids, greedy.
+
+With --openvino-genai PYTHON (the python of the venv `PEERS_OPENVINO_GENAI=1 bash benchmarks/peers_setup.sh`
+makes), openvino-genai joins too: the target converted by optimum-intel's exporter at each precision
+(fp32; int4 as NNCF compresses it, group size --ov-group-size, every layer), decoded through
+LLMPipeline by `ov_genai_worker.py`, one worker process per model, fed the same prompt ids each round.
 """
 
 from __future__ import annotations
@@ -42,22 +47,25 @@ def genai_model(pair: Path, work: Path, precision: str) -> Path:
     return out
 
 
-def dflash_engine(pair: Path, work: Path, precision: str, spinning: bool, block: int):
+def dflash_engine(pair: Path, work: Path, precision: str, spinning: bool, block: int, built: str = ""):
+    """dflash's engine for the pair, built in `work` at ctx_len 1024, or `built` ('RECIPE:CACHE_DIR', a build
+    made earlier, e.g. by scale_build.py: a real-size pair is not exported twice)."""
     from dflash_cli.cache import Cache
     from dflash_cli.decoding.engine import Engine
     from dflash_cli.pipeline import build
     from dflash_cli.recipe import load_recipe
 
-    recipe = work / "recipe.yaml"
-    family = json.loads((pair / "target" / "config.json").read_text())["model_type"]
-    recipe.write_text(
-        f"name: peers\nfamily: {family}\ntarget: {{path: {pair / 'target'}}}\ndraft: {{path: {pair / 'draft'}}}\n"
-        "export: {ctx_len: 1024, prefill_seq_len: 128}\n"
-    )
+    recipe, cache_dir = (Path(p) for p in built.split(":")) if built else (work / "recipe.yaml", work / "dflash-cache")
+    if not built:
+        family = json.loads((pair / "target" / "config.json").read_text())["model_type"]
+        recipe.write_text(
+            f"name: peers\nfamily: {family}\ntarget: {{path: {pair / 'target'}}}\n"
+            f"draft: {{path: {pair / 'draft'}}}\nexport: {{ctx_len: 1024, prefill_seq_len: 128}}\n"
+        )
     sets = [f"compile.ort.precision={precision}", f"compile.ort.allow_spinning={str(spinning).lower()}"]
     sets += [f"compile.ort.block_size={block}"] if precision != "fp32" else []
     r = load_recipe(str(recipe), sets)
-    cache = Cache(work / "dflash-cache")
+    cache = Cache(cache_dir)
     build(r, cache)
     return Engine.load(r, cache)
 
@@ -130,6 +138,40 @@ def run_llama(llm, prompt: list[int], new: int) -> tuple[list[int], float, float
     return tokens, t1 - t0, t2 - t1
 
 
+def ov_genai_model(python: str, checkpoint: Path, out: Path, precision: str, group: int = 32) -> Path:
+    """The checkpoint as optimum-intel's exporter writes it for openvino-genai, at `out` (made once)."""
+    if not (out / "openvino_model.xml").is_file():
+        cli = str(Path(python).with_name("optimum-cli"))
+        cmd = [cli, "export", "openvino", "--model", str(checkpoint), "--task", "text-generation-with-past"]
+        cmd += ["--weight-format", precision]
+        cmd += ["--group-size", str(group), "--ratio", "1.0"] if precision in ("int4", "int8") else []
+        tmp = out.with_name(out.name + ".part")  # a killed conversion leaves nothing a rerun would take as done
+        subprocess.run(cmd + [str(tmp)], check=True)
+        tmp.rename(out)
+    return out
+
+
+class OvGenAIWorker:
+    """An openvino-genai pipeline in its own venv's process (see ov_genai_worker.py)."""
+
+    def __init__(self, python: str, model: Path, threads: int = 2, draft: Path | None = None):
+        worker = str(Path(__file__).with_name("ov_genai_worker.py"))
+        cmd = [python, worker, str(model), "--threads", str(threads)] + (["--draft", str(draft)] if draft else [])
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        if not json.loads(self.proc.stdout.readline()).get("ready"):
+            raise SystemExit(f"openvino-genai could not load {model}")
+
+    def run(self, prompt: list[int], new: int, ignore_eos=True, assistant_tokens=0) -> tuple[list[int], float, float]:
+        req = {"ids": prompt, "new": new, "ignore_eos": ignore_eos, "assistant_tokens": assistant_tokens}
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise SystemExit("the openvino-genai worker died (its error is above)")
+        self.last = json.loads(line)
+        return self.last["tokens"], self.last["ttft_s"], self.last["decode_s"]
+
+
 def run_genai(model, prompt: list[int], new: int) -> tuple[list[int], float, float]:
     import onnxruntime_genai as og
 
@@ -163,9 +205,12 @@ def main() -> None:
     ap.add_argument(
         "--no-genai", action="store_true", help="leave GenAI out (its builder needs ~6x the weights in RAM)"
     )
-    ap.add_argument("--threads", type=int, default=2, help="llama.cpp threads (ORT uses its own default)")
+    ap.add_argument("--openvino-genai", metavar="PYTHON", help="the openvino-genai venv's python; adds it")
+    ap.add_argument("--ov-group-size", type=int, default=32, help="NNCF int4/int8 group size (q4_0's is 32)")
+    ap.add_argument("--threads", type=int, default=2, help="llama.cpp/OpenVINO threads (ORT: its own default)")
     ap.add_argument("--dflash-blocks", default="32", help="int8/int4 block sizes, one dflash build each")
     ap.add_argument("--dflash-spinning", default="off,on", help="dflash plain rows: spinning off, on or both")
+    ap.add_argument("--dflash-build", default="", metavar="RECIPE:CACHE_DIR", help="use this build, made earlier")
     args = ap.parse_args()
     import dflash_cli.ort_threads as ort_threads
 
@@ -183,7 +228,8 @@ def main() -> None:
             engines[f"genai {precision}"] = ("genai", og.Model(str(genai_model(args.pair, args.work, precision))))
         for block in args.dflash_blocks.split(",") if precision != "fp32" else ["-"]:
             for spin in args.dflash_spinning.split(","):
-                e = dflash_engine(args.pair, args.work, precision, spin == "on", int(block) if block != "-" else 0)
+                blk = int(block) if block != "-" else 0
+                e = dflash_engine(args.pair, args.work, precision, spin == "on", blk, args.dflash_build)
                 label = f"dflash {precision}" + (f" block {block}" if block != "-" else "")
                 engines[f"{label} plain, spinning {spin}"] = ("dflash", e)
     if args.llama_cpp:
@@ -196,6 +242,11 @@ def main() -> None:
                 str(path), n_ctx=1024, n_threads=args.threads, n_threads_batch=args.threads, verbose=False
             )
             engines[f"llama.cpp {quant}"] = ("llama", llm)
+    if args.openvino_genai:
+        for precision in args.precisions.split(","):
+            out = args.work / f"ov-genai-{precision}"
+            path = ov_genai_model(args.openvino_genai, args.pair / "target", out, precision, args.ov_group_size)
+            engines[f"openvino-genai {precision}"] = ("ovgenai", OvGenAIWorker(args.openvino_genai, path, args.threads))
     first = next(e for kind, e in engines.values() if kind == "dflash")
     prompt = corpus_tokens(lambda text: list(first.tokenizer(text)["input_ids"]), args.prompt_tokens)
     rates: dict[str, list[float]] = {name: [] for name in engines}
@@ -206,6 +257,8 @@ def main() -> None:
                 tokens, _, decode_s = run_genai(e, prompt, args.new)
             elif kind == "llama":
                 tokens, _, decode_s = run_llama(e, prompt, args.new)
+            elif kind == "ovgenai":
+                tokens, _, decode_s = e.run(prompt, args.new)
             else:
                 g = e.generate(prompt, mode="plain", max_new_tokens=args.new)
                 tokens, decode_s = g.tokens, g.decode_s
@@ -223,7 +276,11 @@ def main() -> None:
     # The closest llama.cpp precisions to each of ours. Bits per weight: q4_0 4.5 (32-weight blocks, fp16
     # scales), Q4_K_M ~4.9 (q4_K super-blocks of 256, some tensors q6_K); MatMulNBits keeps fp32 scales, so
     # int4 is 5.0 at block 32, 4.5 at block 64, 4.25 at block 128.
-    closest = {"fp32": ["llama.cpp f32"], "int4": ["llama.cpp q4_0", "llama.cpp q4_k_m"], "int8": ["llama.cpp q8_0"]}
+    closest = {
+        "fp32": ["llama.cpp f32", "openvino-genai fp32"],
+        "int4": ["llama.cpp q4_0", "llama.cpp q4_k_m", "openvino-genai int4"],
+        "int8": ["llama.cpp q8_0", "openvino-genai int8"],
+    }
     for name, r in rates.items():
         precision = name.split()[1]
         entry = {"decode_tok_s_median": statistics.median(r), "range": [min(r), max(r)]}

@@ -2,7 +2,8 @@
 # Benchmark venv for side-by-side runs against peer runtimes (never dflash dependencies):
 # dflash itself (editable) plus ONNX Runtime GenAI. llama.cpp (`llama-cpp-python`, ~20 minutes of
 # compiling on 2 cores) is added with PEERS_LLAMA_CPP=1; OpenVINO and NNCF (benchmarks/openvino_step_cost.py)
-# with PEERS_OPENVINO=1.
+# with PEERS_OPENVINO=1. openvino-genai (benchmarks/ov_genai_worker.py) gets a venv of its own with
+# PEERS_OPENVINO_GENAI=1: optimum-intel, its checkpoint converter, pins an older transformers than dflash's.
 #
 #   bash benchmarks/peers_setup.sh            # -> .bench-venv (or $BENCH_VENV)
 set -euo pipefail
@@ -13,6 +14,18 @@ test -x "$VENV/bin/python" || python3 -m venv "$VENV"
 "$VENV/bin/pip" install -q -e . onnxruntime-genai
 if [ "${PEERS_OPENVINO:-0}" = 1 ]; then
   "$VENV/bin/pip" install -q openvino==2026.4.1 nncf==3.4.0
+fi
+OV_ARG=""
+if [ "${PEERS_OPENVINO_GENAI:-0}" = 1 ]; then
+  OV=${BENCH_OV_VENV:-.bench-ov-venv}
+  test -x "$OV/bin/python" || python3 -m venv "$OV"
+  "$OV/bin/pip" install -q torch==2.13.0
+  "$OV/bin/pip" install -q torch==2.13.0 "optimum-intel[openvino]==2.2.0" openvino==2026.4.1 \
+    openvino-tokenizers==2026.4.1.0 openvino-genai==2026.4.1.0
+  # optimum-intel pulls a torchvision built against another torch; transformers then fails to import.
+  # Nothing here needs it (text models only).
+  "$OV/bin/pip" uninstall -q -y torchvision
+  OV_ARG=" --openvino-genai $OV/bin/python"
 fi
 LLAMA_ARG=""
 if [ "${PEERS_LLAMA_CPP:-0}" = 1 ]; then
@@ -27,4 +40,4 @@ if [ "${PEERS_LLAMA_CPP:-0}" = 1 ]; then
   fi
   LLAMA_ARG=" --llama-cpp $(ls -d "$SRC"/llama_cpp_python-*/vendor/llama.cpp | head -1)"
 fi
-echo "ready: $VENV/bin/python benchmarks/peers_decode.py --pair PAIR_DIR --work WORK_DIR$LLAMA_ARG"
+echo "ready: $VENV/bin/python benchmarks/peers_decode.py --pair PAIR_DIR --work WORK_DIR$LLAMA_ARG$OV_ARG"
