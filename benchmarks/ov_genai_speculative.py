@@ -2,8 +2,9 @@
 
 openvino-genai speculates with an ordinary autoregressive draft model. No such draft exists for the demo
 target, so this one is made from the target itself: its first --draft-layers decoder layers with its final
-norm and (tied) head, the usual self-speculative construction; a DFlash draft cannot serve, it is not a
-causal language model. Per prompt, in rotating order: dflash plain, dflash DFlash, openvino-genai plain,
+norm and (tied) head, the usual self-speculative construction, optionally trained on for --finetune-steps
+steps of the target's own training loop and corpus; a DFlash draft cannot serve, it is not a causal
+language model. Per prompt, in rotating order: dflash plain, dflash DFlash, openvino-genai plain,
 openvino-genai speculative (--assistant-tokens proposals per step), all greedy from the same prompt ids,
 128 new tokens, stopping at end of text. Reported: decode tok/s (after the first token), each engine's
 speculative speedup over its own plain decode (total and per-prompt geomean), and token agreement.
@@ -20,6 +21,8 @@ import json
 import math
 import shutil
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 
 from peers_decode import OvGenAIWorker, ov_genai_model
@@ -44,9 +47,20 @@ def truncated_target(target: Path, layers: int, out: Path) -> Path:
             continue
         keep[name] = tensor
     save_file(keep, out / "model.safetensors", metadata={"format": "pt"})
-    for name in ("generation_config.json", "tokenizer.json", "tokenizer_config.json"):
+    for name in ("generation_config.json", "tokenizer.json", "tokenizer_config.json", "training.json"):
         shutil.copy(target / name, out / name)
     (out / "config.json").write_text(json.dumps(config, indent=2))
+    return out
+
+
+def finetuned(draft: Path, steps: int, work: Path) -> Path:
+    """The truncated draft trained on for `steps` more steps of the demo target's own loop and corpus."""
+    out = work / f"{draft.name}-ft{steps}"
+    if not (out / "training.json").is_file():
+        cmd = [sys.executable, "-m", "dflash_cli.demo.train_target", "--init-from", str(draft), "--out", str(out)]
+        cmd += ["--work-dir", str(work / f"train-{out.name}"), "--steps", str(steps), "--threads", "2"]
+        cmd += ["--lr", "1e-3", "--warmup", "20", "--run-name", "draft"]
+        subprocess.run(cmd, check=True)
     return out
 
 
@@ -58,6 +72,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--draft-layers", type=int, default=2)
     ap.add_argument("--assistant-tokens", type=int, default=4)
+    ap.add_argument("--finetune-steps", type=int, default=0, help="train the truncated draft on (0: as cut)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
 
@@ -70,9 +85,10 @@ def main() -> None:
     engine = build_engine(recipe, Cache())
     target = ROOT / "models" / "demo-target"
     draft = truncated_target(target, args.draft_layers, args.work / f"draft-{args.draft_layers}-layers")
+    draft = finetuned(draft, args.finetune_steps, args.work) if args.finetune_steps else draft
     py = args.openvino_genai
     ov_target = ov_genai_model(py, target, args.work / "ov-target", "fp32")
-    ov_draft = ov_genai_model(py, draft, args.work / f"ov-draft-{args.draft_layers}", "fp32")
+    ov_draft = ov_genai_model(py, draft, args.work / f"ov-{draft.name}", "fp32")
     ov_plain = OvGenAIWorker(py, ov_target)
     ov_spec = OvGenAIWorker(py, ov_target, draft=ov_draft)
 
@@ -99,7 +115,7 @@ def main() -> None:
             print(f"{k + 1}/{len(samples)} prompts", flush=True)
 
     report = {"samples": len(rows), "tokens": args.tokens, "draft_layers": args.draft_layers}
-    report["assistant_tokens"] = args.assistant_tokens
+    report |= {"assistant_tokens": args.assistant_tokens, "finetune_steps": args.finetune_steps}
     for mode in modes:
         tokens = sum(len(row[mode][0]) - 1 for row in rows)
         steps = sum(row[mode][2] for row in rows) or 1
