@@ -1,10 +1,11 @@
 """What a plain decode step's weight products cost on their own: the floor under dflash's ONNX Runtime step.
 
-    python benchmarks/kernel_floor.py TARGET_DIR [--block 32] [--reps 40] [--out F.txt]
+    python benchmarks/kernel_floor.py TARGET_DIR [--block 32] [--reps 40] [--rows 1] [--out F.txt]
 
 From the target's config.json it builds, with random weights, one ONNX graph per projection shape of a
 decode step as the int4 compile makes it (q/k/v stacked, o, gate/up stacked, down: one node per layer,
-and the lm_head), each `MatMulNBits` (accuracy level 4) reading a one-token activation, and the same
+and the lm_head), each `MatMulNBits` (accuracy level 4) reading `--rows` activation rows (2: a one-token
+call as `dflash run` makes it where the build found one-row products round differently), and the same
 shapes as fp32 `MatMul`. It times each graph on ONNX Runtime's shared spinning pool (as `dflash run`
 decodes plain) and prints ms per step and the weight bytes streamed per second, then this machine's
 read bandwidth on two threads (torch.sum over 2 GiB) for scale. Nothing else of the step is in these
@@ -52,7 +53,7 @@ def _model(K: int, N: int, copies: int, int4: bool, block: int) -> bytes:
     graph = helper.make_graph(
         nodes,
         "products",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, K])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "rows", K])],
         [helper.make_tensor_value_info(f"y{r}", TensorProto.FLOAT, None) for r in range(copies)],
         inits,
     )
@@ -60,14 +61,14 @@ def _model(K: int, N: int, copies: int, int4: bool, block: int) -> bytes:
     return helper.make_model(graph, opset_imports=opsets).SerializeToString()
 
 
-def _time(model: bytes, K: int, reps: int) -> float:
+def _time(model: bytes, K: int, reps: int, rows: int = 1) -> float:
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.use_per_session_threads = False
     opts.add_session_config_entry("session.intra_op.allow_spinning", "1")
     sess = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
-    x = np.random.default_rng(1).random((1, 1, K), dtype=np.float32)
+    x = np.random.default_rng(1).random((1, rows, K), dtype=np.float32)
     for _ in range(3):
         sess.run(None, {"x": x})
     times = []
@@ -99,6 +100,7 @@ def main() -> None:
     ap.add_argument("target", type=Path, help="a Hugging Face target checkpoint directory (its config.json)")
     ap.add_argument("--block", type=int, default=32)
     ap.add_argument("--reps", type=int, default=40)
+    ap.add_argument("--rows", type=int, default=1, help="rows per call (dflash pads one-token calls to 2 where needed)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     from dflash_cli.ort_threads import use_shared_thread_pool
@@ -115,11 +117,11 @@ def main() -> None:
         "down": (F, H, L),
         "lm_head": (H, V, 1),
     }
-    lines = [f"{args.target} ({L} layers, hidden {H}); one-token products, ms per decode step"]
+    lines = [f"{args.target} ({L} layers, hidden {H}); products of {args.rows} row(s), ms per decode step"]
     for label, int4 in ((f"int4 MatMulNBits block {args.block}, accuracy 4", True), ("fp32 MatMul", False)):
         total_s, total_bytes = 0.0, 0
         for name, (K, N, copies) in shapes.items():
-            seconds = _time(_model(K, N, copies, int4, args.block), K, args.reps)
+            seconds = _time(_model(K, N, copies, int4, args.block), K, args.reps, args.rows)
             nbytes = copies * K * N * ((0.5 + 4 / args.block) if int4 else 4)
             total_s, total_bytes = total_s + seconds, total_bytes + nbytes
             rate = nbytes / seconds / 1e9

@@ -211,6 +211,7 @@ def main() -> None:
     ap.add_argument("--dflash-blocks", default="32", help="int8/int4 block sizes, one dflash build each")
     ap.add_argument("--dflash-spinning", default="off,on", help="dflash plain rows: spinning off, on or both")
     ap.add_argument("--dflash-build", default="", metavar="RECIPE:CACHE_DIR", help="use this build, made earlier")
+    ap.add_argument("--no-dflash", action="store_true", help="peers only (a shape whose two copies do not fit)")
     args = ap.parse_args()
     import dflash_cli.ort_threads as ort_threads
 
@@ -226,7 +227,7 @@ def main() -> None:
     for precision in args.precisions.split(","):
         if not args.no_genai:
             engines[f"genai {precision}"] = ("genai", og.Model(str(genai_model(args.pair, args.work, precision))))
-        for block in args.dflash_blocks.split(",") if precision != "fp32" else ["-"]:
+        for block in [] if args.no_dflash else args.dflash_blocks.split(",") if precision != "fp32" else ["-"]:
             for spin in args.dflash_spinning.split(","):
                 blk = int(block) if block != "-" else 0
                 e = dflash_engine(args.pair, args.work, precision, spin == "on", blk, args.dflash_build)
