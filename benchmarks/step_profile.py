@@ -73,11 +73,15 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=100)
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--profile", type=Path, help="read this ONNX Runtime profile (a target's) instead of decoding")
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        profile = profiled_plain(args.pair, args.work, args.precision, args.prompt_len, args.new, Path(tmp))
-        call_ms, ops = per_op(profile)
+    if args.profile:
+        call_ms, ops = per_op(args.profile)
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            profile = profiled_plain(args.pair, args.work, args.precision, args.prompt_len, args.new, Path(tmp))
+            call_ms, ops = per_op(profile)
     total = sum(ms for ms, _ in ops.values())
     lines = [
         f"{args.pair.name} {args.precision}, plain, prompt {args.prompt_len} + {args.new} new: median call "
