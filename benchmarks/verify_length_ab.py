@@ -17,6 +17,8 @@ the 4B shape's int4 costs, whose acceptance a random pair cannot show).
 
 `--modes plain,auto,auto-all`: `auto-all` is `auto` with every proposal of the block through the draft's head (as
 before graph revision 15), the A/B of asking the draft only for the proposals a verify may use.
+`--modes plain,hybrid,hybrid-nofloor`: the hybrid mode, and the hybrid charging time at its own recent rate even where
+that is below what its cheapest step earns (before session 27); each learns its own statistics.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--emulate", type=Path, help="graph_step_cost.py JSON whose cost curve every call is padded to")
     ap.add_argument("--emulate-t1-ms", type=float, default=5.0)
-    ap.add_argument("--modes", default=",".join(MODES), help="plain first; block, auto, auto-all")
+    ap.add_argument("--modes", default=",".join(MODES), help="plain first; block, auto, auto-all, hybrid(-nofloor)")
     args = ap.parse_args()
     modes = tuple(args.modes.split(","))
     assert modes[0] == "plain", "plain comes first: every mode is compared with it"
@@ -52,10 +54,13 @@ def main() -> None:
     from dflash_cli.bench.datasets import load_dataset
     from dflash_cli.cache import Cache
     from dflash_cli.decoding.engine import build_engine
+    from dflash_cli.decoding.hybrid import HybridProposer
     from dflash_cli.decoding.verify_length import VerifyBudget
     from dflash_cli.recipe import load_recipe
 
-    every_proposal = {"on": False}
+    every_proposal, no_floor = {"on": False}, {"on": False}
+    floor = HybridProposer._rate_floor
+    HybridProposer._rate_floor = lambda self, line: 0.0 if no_floor["on"] else floor(self, line)
     asked = VerifyBudget.proposal_rows
     VerifyBudget.proposal_rows = lambda self, most: most if every_proposal["on"] else asked(self, most)
 
@@ -65,13 +70,13 @@ def main() -> None:
         install(json.loads(args.emulate.read_text()), args.emulate_t1_ms)
     recipe = load_recipe(args.recipe, args.overrides)
     engine = build_engine(recipe, Cache())
-    verify = {"auto-all": "auto"}
+    verify = {"auto-all": "auto", "hybrid": "auto", "hybrid-nofloor": "auto"}
     variants = {
         v: recipe.model_copy(update={"run": recipe.run.model_copy(update={"verify": verify.get(v, v)})})
         for v in modes[1:]
     }
     samples = load_dataset("humaneval", max_samples=args.samples)
-    rows, mismatches = [], 0
+    rows, mismatches, learnt = [], 0, {}
     for k, sample in enumerate(samples):
         ids = engine.encode_prompt(sample.turns[0])
         order = modes[k % len(modes) :] + modes[: k % len(modes)]
@@ -79,8 +84,11 @@ def main() -> None:
         for mode in order:
             if mode != "plain":
                 engine.recipe = variants[mode]
-            every_proposal["on"] = mode == "auto-all"
-            r = engine.generate(ids, mode="plain" if mode == "plain" else "dflash", max_new_tokens=args.tokens)
+            every_proposal["on"], no_floor["on"] = mode == "auto-all", mode == "hybrid-nofloor"
+            run_mode = mode if mode == "plain" else "hybrid" if mode.startswith("hybrid") else "dflash"
+            engine.hybrid_stats = learnt.get(mode)  # each hybrid variant learns its own statistics
+            r = engine.generate(ids, mode=run_mode, max_new_tokens=args.tokens)
+            learnt[mode] = engine.hybrid_stats
             row[mode] = r
         for mode in modes[1:]:
             if row[mode].tokens != row["plain"].tokens:
@@ -102,6 +110,7 @@ def main() -> None:
             "draft_ms_per_call": round(1000 * sum(r.draft_s for r in rs) / max(1, sum(r.draft_calls for r in rs)), 3),
         }
     pairs = (("auto", "block"), ("auto", "auto-all"), ("auto", "plain"), ("block", "plain"), ("auto-all", "plain"))
+    pairs += (("hybrid", "hybrid-nofloor"), ("hybrid", "plain"), ("hybrid-nofloor", "plain"))
     for a, b in (p for p in pairs if p[0] in modes and p[1] in modes):
         logs = [math.log(row[b].decode_s / row[a].decode_s) for row in rows if row[a].decode_s > 0]
         mean, se = statistics.mean(logs), statistics.stdev(logs) / math.sqrt(len(logs))

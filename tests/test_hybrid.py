@@ -83,12 +83,12 @@ def test_decision_weighs_extra_tokens_against_the_draft_cost():
     from dflash_cli.decoding.hybrid import HybridProposer
 
     stats = _stats_with(16, lookup={0: 1, 5: 8}, dflash={0: 3, 5: 3})
-    stats.t_draft = [0.5, 10]  # 50 ms a draft
+    stats.t_draft = [0.05, 10]  # 5 ms a draft
     stats.add_verify(16, 0.01)
     hybrid = HybridProposer(types.SimpleNamespace(draft=None), 16, stats)
-    stats.recent = [20.0, 1.0]  # tokens/s lately: ~2 extra tokens are worth ~100 ms > 50 ms
+    stats.recent = [200.0, 1.0]  # tokens/s lately: ~2 extra tokens are worth ~10 ms > 5 ms
     assert hybrid.choose(0) == ("dflash", 16) and hybrid.choose(5) == ("lookup", 16)
-    stats.recent = [50.0, 1.0]  # ... now they are worth ~40 ms < 50 ms
+    stats.recent = [500.0, 1.0]  # ... now they are worth ~4 ms < 5 ms
     assert hybrid.choose(0) == ("lookup", 16)
 
 
@@ -125,6 +125,28 @@ def test_sequences_sharing_the_call_make_its_rows_dearer():
 
     # 6 more tokens for 1.1 ms more verify: worth it at 300 tok/s (0.33 tokens), not at 40 x 300 (13 tokens)
     assert hybrid(1).choose(5) == ("lookup", 8) and hybrid(40).choose(5) == ("lookup", 2)
+
+
+def test_dear_steps_do_not_make_time_look_cheap():
+    """The rate time is charged at is at least the cheapest step's (lookup, 2 tokens, no draft). Here the loop's
+    own rate is low because its steps were dear (an MoE target's 16-token verify costs ~8x a short one): charged at
+    that rate the unsure draft's whole block would look worth it again and again."""
+    from dflash_cli.decoding.hybrid import HybridProposer
+
+    stats = _stats_with(16, lookup={0: 1}, dflash={0: 1}, steps=3)  # a cold start: the draft's prior still counts
+    stats.t_draft = [0.4, 1]
+    for length, seconds in ((2, 0.5), (16, 3.9)):
+        stats.add_verify(length, seconds)
+    stats.recent = [1.0, 4.5]  # one token in 4.5 s: the loop's own rate, 0.22 tok/s
+    hybrid = HybridProposer(types.SimpleNamespace(draft=None), 16, stats, variable_length=True)
+    assert hybrid.choose(0) == ("lookup", 2)
+    hybrid._rate_floor = lambda line: 0.0
+    source, length = hybrid.choose(0)  # charged at 0.22 tok/s, most of the block looked worth its ~4 s
+    assert source == "dflash" and length >= 12
+    del hybrid._rate_floor
+    assert hybrid._rate_floor(stats.verify_line()) == pytest.approx(2.0)  # 1 / 0.5 s; a faster loop keeps its own
+    stats.add_step(1, 0.75, overhead=0.5)  # the loop's own time counts too: the cheapest step takes 1 s
+    assert hybrid._rate_floor(stats.verify_line()) == pytest.approx(1.0)
 
 
 def test_untried_verify_lengths_are_guessed_optimistically():

@@ -108,14 +108,19 @@ class HybridStats:
         self.t_draft = [0.0, 0]  # seconds, draft steps
         self.verify_cost = CostLine(self.longest)
         self.recent = [0.0, 0.0]  # tokens, seconds of hybrid steps, older ones decayed by RATE_MEMORY
+        self.overhead = [0.0, 0.0]  # seconds of a step outside its draft and verify calls, steps (decayed likewise)
 
     def rate(self) -> float | None:
         """Tokens per second of hybrid decoding lately (None before the first step)."""
         tokens, seconds = self.recent
         return tokens / seconds if seconds > 0 else None
 
-    def add_step(self, tokens: int, seconds: float) -> None:
+    def add_step(self, tokens: int, seconds: float, overhead: float = 0.0) -> None:
         self.recent = [RATE_MEMORY * self.recent[0] + tokens, RATE_MEMORY * self.recent[1] + seconds]
+        self.overhead = [RATE_MEMORY * self.overhead[0] + overhead, RATE_MEMORY * self.overhead[1] + 1]
+
+    def step_overhead(self) -> float:
+        return self.overhead[0] / self.overhead[1] if self.overhead[1] else 0.0
 
     def expected_lookup(self, n: int, length: int | None = None) -> float:
         return self.lookup[n].expected(length or self.block)
@@ -153,7 +158,8 @@ class HybridProposer(Proposer):
         self.variable = variable_length
         self.lookup = PromptLookupDrafter(self.longest, max_ngram=PROPOSAL_NGRAM)
         self.sources: list[str] = []  # per verify step: "dflash" or "lookup"
-        self._step: tuple[list[int], int, str, int, float] | None = None  # lookup proposal, n, source, L, start
+        # lookup proposal, n, source, L, start, draft seconds
+        self._step: tuple[list[int], int, str, int, float, float] | None = None
 
     def start(self, prompt_features, last: int, pos: int) -> None:
         self.dflash.start(prompt_features, last, pos)
@@ -172,6 +178,7 @@ class HybridProposer(Proposer):
             return ("lookup" if st.expected_lookup(n, full) >= st.expected_dflash(n) else "dflash"), full
         t_draft = st.draft_seconds() or 0.0  # an untimed draft counts as free, so it gets tried where it looks better
         line = st.verify_line()
+        rate = max(rate, self._rate_floor(line))
         # Batched serving: a verify's extra rows delay every sequence sharing the call, so its cost is charged at
         # their total rate. The draft's time is the whole batched call, of which this sequence's own rows are
         # about 1/sharing: charged at its own rate, that is the same. Measured with 4 clients at the 4B shape's
@@ -193,10 +200,21 @@ class HybridProposer(Proposer):
                     best, choice = value, (source, length)
         return choice
 
+    def _rate_floor(self, line) -> float:
+        """The long-run rate is at least what the cheapest step earns: a lookup verify of the shortest length, no
+        draft, commits one token or more. Without this floor dear steps lower the loop's own rate, which makes
+        time look cheap, which picks dear steps again: on the gpt-oss-20b shape at int4 (a 16-token verify ~8x a
+        one-token call) a cold hybrid verified whole blocks of a draft that committed nothing, at 0.2x plain."""
+        if not line:
+            return 0.0
+        cheapest = line(2 if self.variable else self.block) + self.stats.step_overhead()
+        return 1.0 / cheapest if cheapest > 0 else 0.0
+
     def propose(self, history: list[int], last: int, pos: int, limit: int) -> list[int]:
         started = time.perf_counter()
         lookup, n = self.lookup.propose_and_evidence(history, MAX_NGRAM)
         source, length = self.choose(n, limit)
+        drafted = 0.0
         if source == "lookup":
             self.dflash.skip()
             proposal = lookup
@@ -204,17 +222,19 @@ class HybridProposer(Proposer):
             before = (self.draft.calls, self.draft.seconds)
             proposal = self.dflash.propose(history, last, pos, self.block)
             if self.draft.calls > before[0]:  # a block drafted ahead at prefill cost nothing here
-                self.stats.t_draft[0] += self.draft.seconds - before[1]
+                drafted = self.draft.seconds - before[1]
+                self.stats.t_draft[0] += drafted
                 self.stats.t_draft[1] += 1
         self.sources.append(source)
-        self._step = (lookup, n, source, length, started)
+        self._step = (lookup, n, source, length, started, drafted)
         return proposal[: length - 1]
 
     def verified(self, committed: list[int], verify_s: float) -> None:
         """Learn from the target's verdict on this step (`committed`: the tokens it committed)."""
-        lookup, n, source, length, started = self._step
+        lookup, n, source, length, started, drafted = self._step
         c = len(committed)
-        self.stats.add_step(c, time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        self.stats.add_step(c, seconds, max(0.0, seconds - verify_s - drafted))
         if verify_s > 0:
             self.stats.add_verify(length, verify_s)
         # The proposer's own count is exact unless the verify ended before a proposal was rejected.
