@@ -33,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -248,7 +249,11 @@ def main() -> None:
             out = args.work / f"ov-genai-{precision}"
             path = ov_genai_model(args.openvino_genai, args.pair / "target", out, precision, args.ov_group_size)
             engines[f"openvino-genai {precision}"] = ("ovgenai", OvGenAIWorker(args.openvino_genai, path, args.threads))
-    first = next(e for kind, e in engines.values() if kind == "dflash")
+    first = next((e for kind, e in engines.values() if kind == "dflash"), None)
+    if first is None:  # --no-dflash: the target's own tokenizer, which is what dflash's engine loads
+        from transformers import AutoTokenizer
+
+        first = types.SimpleNamespace(tokenizer=AutoTokenizer.from_pretrained(args.pair / "target"))
     prompt = corpus_tokens(lambda text: list(first.tokenizer(text)["input_ids"]), args.prompt_tokens)
     rates: dict[str, list[float]] = {name: [] for name in engines}
     outputs: dict[str, list[int]] = {}

@@ -5,7 +5,8 @@ and for free by lookup; new text by the draft model. Each step picks the source 
 length L (the last committed token plus L-1 proposed ones) that are worth the most time:
     E[committed | s, n, L]  -  rate * (T_verify(L) + T_draft if s is the draft)
 n is the length of the suffix that matched earlier text (lookup's evidence); "rate" is the tokens
-per second of hybrid decoding over the last few hundred steps. Weighing time against tokens at the
+per second of hybrid decoding over the last few hundred steps, and never less than the cheapest step
+earns (a lookup verify of 2 commits at least one token). Weighing time against tokens at the
 long-run rate is what maximises tokens per second over a whole generation (where picking each step's
 best ratio would not): a token a step does not commit costs, later, what tokens cost on average.
 Measured on the demo pair (HumanEval, 164 prompts, paired per prompt against prompt lookup): with the
