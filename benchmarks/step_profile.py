@@ -24,8 +24,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 def profiled_plain(pair: Path, work: Path, precision: str, prompt_len: int, new: int, out_dir: Path) -> Path:
     """Decode with every session profiled; the target's profile file (the one with the most calls)."""
+    from peers_decode import dflash_engine
+
     import dflash_cli.backends.ort as ort_backend
 
+    dflash_engine(pair, work, precision, True, 32)  # built, and its checks run, before profiling starts
     plain_options = ort_backend.session_options
 
     def profiling(settings, initializers=None):
@@ -35,8 +38,6 @@ def profiled_plain(pair: Path, work: Path, precision: str, prompt_len: int, new:
         return opts
 
     ort_backend.session_options = profiling
-    from peers_decode import dflash_engine
-
     engine = dflash_engine(pair, work, precision, True, 32)
     engine.generate(list(range(1000, 1000 + prompt_len)), mode="plain", max_new_tokens=new)
     del engine  # ends the sessions, which writes their profiles
