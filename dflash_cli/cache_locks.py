@@ -2,8 +2,9 @@
 
 A reader of a published artifact holds a shared one for as long as it reads; `clean` removes an
 artifact only under an exclusive one taken without waiting (and without the key's build lock held by
-anyone), so it skips what is in use. The kernel drops a dead process's locks, and lock files are
-never deleted: a waiter would otherwise lock a stale inode.
+anyone), so it skips what is in use. The kernel drops a dead process's locks. `clean` deletes an
+artifact's lock files with the artifact, under both locks; a waiter that then wakes on the deleted
+inode sees that the path no longer names it and locks the path's new file instead.
 """
 
 from __future__ import annotations
@@ -39,31 +40,40 @@ class ArtifactHold:
 def hold_shared(use: Path) -> ArtifactHold:
     """A shared lock on `use`; it waits only while a `clean` is removing that very artifact. A cache
     whose locks cannot be written (a read-only copy) gets a no-op hold: nobody can clean it either."""
-    fd = _open_lock(use)
-    if fd is None:
-        return ArtifactHold(None)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH)
-    except BaseException:
-        os.close(fd)
-        raise
-    return ArtifactHold(fd)
+    while True:
+        fd = _open_lock(use)
+        if fd is None:
+            return ArtifactHold(None)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        except BaseException:
+            os.close(fd)
+            raise
+        if _names(use, fd):
+            return ArtifactHold(fd)
+        os.close(fd)  # `clean` deleted this lock file while we waited: lock the one the path names now
 
 
 @contextlib.contextmanager
 def claim(use: Path, build: Path) -> Iterator[tuple[int, ...] | None]:
     """Exclusive hold of an artifact without waiting: yields None when claimed (remove it now), else the
-    pids holding it (maybe unknown: empty). A build of the same key (its build lock) is a holder too."""
-    fd = _open_lock(use)
-    if fd is None:  # a read-only cache: nothing can hold it for writing, nor can this remove it
-        yield None
-        return
-    try:
+    pids holding it (maybe unknown: empty). A build of the same key (its build lock) is a holder too.
+    While claimed, `forget(use, build)` may delete both lock files."""
+    while True:
+        fd = _open_lock(use)
+        if fd is None:  # a read-only cache: nothing can hold it for writing, nor can this remove it
+            yield None
+            return
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            os.close(fd)
             yield flock_holders(use)
             return
+        if _names(use, fd):
+            break
+        os.close(fd)  # another clean deleted it meanwhile
+    try:
         lock = FileLock(str(build))
         try:
             lock.acquire(timeout=0)
@@ -76,6 +86,22 @@ def claim(use: Path, build: Path) -> Iterator[tuple[int, ...] | None]:
             lock.release()
     finally:
         os.close(fd)  # drops the exclusive lock
+
+
+def forget(*locks: Path) -> None:
+    """Delete lock files; only under `claim`, which holds them, so that nobody holds or waits on them."""
+    for path in locks:
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
+def _names(path: Path, fd: int) -> bool:
+    """Whether `path` still names the file open as `fd` (a deleted or replaced lock file locks nothing)."""
+    try:
+        st, held = path.stat(), os.fstat(fd)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)
 
 
 def _open_lock(path: Path) -> int | None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dflash_cli.cache import Cache, Entry
-from dflash_cli.cache_locks import claim
+from dflash_cli.cache_locks import claim, forget
 from dflash_cli.hashing import sha256_file
 
 
@@ -90,6 +90,7 @@ def clean(cache: Cache, older_than_s: float | None = None, dry_run: bool = False
                 with contextlib.suppress(FileNotFoundError):  # unless another clean removed it meanwhile
                     os.rename(entry.path, trash / f"{n}-{entry.key}")
                     report.removed.append(entry)
+                forget(*_lock_files(cache, entry.stage, entry.key))
         # A file hard-linked into an artifact that stays (or into the user's checkpoint) is not freed:
         # removing a directory only drops its own links, so a shared file lives on where still used.
         report.bytes_freed = freed_bytes([trash] if trash else [e.path for e in report.removed])
@@ -98,14 +99,34 @@ def clean(cache: Cache, older_than_s: float | None = None, dry_run: bool = False
             shutil.rmtree(trash, ignore_errors=True)
     if not dry_run:
         report.tmp_removed = cache.clean_stale_tmp()
+        _forget_orphan_locks(cache)
     return report
+
+
+def _lock_files(cache: Cache, stage: str, key: str) -> tuple[Path, Path]:
+    return cache.use_lock(stage, key), cache.locks_dir / f"{stage}-{key}.lock"
+
+
+def _forget_orphan_locks(cache: Cache) -> None:
+    """Delete the lock files of keys that have no artifact (removed, or a build that never finished) and
+    that nobody holds: they would otherwise pile up, two per key ever built."""
+    if not cache.locks_dir.is_dir():
+        return
+    keys = {p.name.rsplit(".", 1)[0] for p in cache.locks_dir.glob("*-*.*") if p.suffix in (".use", ".lock")}
+    for name in sorted(keys):
+        stage, _, key = name.rpartition("-")
+        if cache.path_for(stage, key).exists():
+            continue
+        use, build = _lock_files(cache, stage, key)
+        with claim(use, build) as busy:
+            if busy is None and not cache.path_for(stage, key).exists():
+                forget(use, build)
 
 
 @contextlib.contextmanager
 def _claim(cache: Cache, entry: Entry) -> Iterator[InUse | None]:
     """Yields None when `entry` is claimed for removal, else who holds it."""
-    build = cache.locks_dir / f"{entry.stage}-{entry.key}.lock"
-    with claim(cache.use_lock(entry.stage, entry.key), build) as holders:
+    with claim(*_lock_files(cache, entry.stage, entry.key)) as holders:
         yield None if holders is None else InUse(entry, holders)
 
 

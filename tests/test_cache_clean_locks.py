@@ -98,6 +98,49 @@ def test_clean_skips_an_artifact_a_build_is_producing(tmp_path: Path) -> None:
         assert [u.entry.key for u in clean_cache(cache).in_use] == ["d" * 64] and stale.is_dir()
 
 
+def test_clean_removes_the_lock_files_of_what_it_removes(tmp_path: Path) -> None:
+    cache = Cache(tmp_path)
+    for stage, key in (("convert", "a" * 64), ("inject", "b" * 64), ("export", "c" * 64)):
+        publish(cache, stage, key)
+        cache.hold(stage, key).release()  # a run that read it: its .use file stays behind
+    (cache.locks_dir / f"compile-{'e' * 64}.lock").touch()  # a build killed before it published
+    held = publish(cache, "compile", "f" * 64)
+    with cache.hold("compile", "f" * 64):
+        assert clean(tmp_path, "--yes").exit_code == 0
+        left = sorted(p.name for p in cache.locks_dir.iterdir())
+        assert left == [f"compile-{'f' * 64}.lock", f"compile-{'f' * 64}.use"] and held.is_dir()
+    assert clean(tmp_path, "--yes").exit_code == 0
+    assert list(cache.locks_dir.iterdir()) == [] and cache.entries() == []
+
+
+def test_a_reader_waiting_while_clean_deletes_the_lock_file_locks_the_new_one(tmp_path: Path) -> None:
+    import fcntl
+    import threading
+
+    from dflash_cli.cache_locks import claim, forget
+
+    cache = Cache(tmp_path)
+    use, build = cache.use_lock("export", "a" * 64), cache.locks_dir / f"export-{'a' * 64}.lock"
+    got = []
+    with claim(use, build) as busy:
+        assert busy is None
+        reader = threading.Thread(target=lambda: got.append(cache.hold("export", "a" * 64)))
+        reader.start()
+        reader.join(0.3)
+        assert reader.is_alive()  # blocked on the claimed (old) lock file
+        forget(use, build)
+    reader.join(10)
+    [hold] = got
+    # The reader holds the file the path names now, so a second clean sees it as busy.
+    fd = os.open(use, os.O_RDONLY)
+    try:
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(fd)
+        hold.release()
+
+
 # --- a real pipeline run with fake stages -----------------------------------------------------------
 
 
