@@ -254,7 +254,7 @@ def artifact_paths(
 _DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}
 
 
-def _build_command(recipe: Any) -> str:
+def build_command(recipe: Any) -> str:
     ref = recipe.name
     source = getattr(recipe, "source", None)
     if source is not None and source.stem != recipe.name:
@@ -269,14 +269,14 @@ def _lookup(recipe: Any, cache: Cache, stage: str, key: str) -> Path | None:
         return cache.lookup(stage, key)
     except CorruptArtifactError as exc:
         raise CorruptArtifactError(
-            exc.message, hint=f"run `{_build_command(recipe)} --rebuild {stage}` (`dflash cache verify` lists all)"
+            exc.message, hint=f"run `{build_command(recipe)} --rebuild {stage}` (`dflash cache verify` lists all)"
         ) from None
 
 
 def _published(recipe: Any, cache: Cache, stage: str, key: str) -> Path:
     path = _lookup(recipe, cache, stage, key)
     if path is None:
-        raise CacheError(f"stage {stage} of recipe {recipe.name} is not built", hint=f"run `{_build_command(recipe)}`")
+        raise CacheError(f"stage {stage} of recipe {recipe.name} is not built", hint=f"run `{build_command(recipe)}`")
     return path
 
 
@@ -364,7 +364,7 @@ def _vanished(
     """The error to raise when what a running stage reads or writes disappeared (an upstream artifact, its
     working directory, or with `exc` any file not found), None when nothing did."""
     name = item.stage.name
-    command = _build_command(recipe)
+    command = build_command(recipe)
     for upstream, key in item.upstream.items():
         problem, has_manifest = cache.damage(upstream, key)
         if problem is not None:

@@ -126,13 +126,17 @@ class Engine:
     def load(cls, recipe: Any, cache: Any) -> Engine:
         """Open a built recipe. The engine holds its artifacts (shared locks) for as long as it lives, so
         `dflash cache clean` leaves them alone; `release_artifacts()` lets go earlier."""
-        from dflash_cli.pipeline import artifact_paths
+        from dflash_cli.cache_contents import ContentCheck
+        from dflash_cli.pipeline import artifact_paths, build_command
 
         holds: list = []
         try:
             paths = artifact_paths(recipe, cache, ("inject", "export", "compile"), holds=holds)
             keys = {s: p.name for s, p in paths.items()}
+            # Hashed beside the session loads, which read the same bytes; nothing is generated before it passes.
+            contents = ContentCheck(paths, build_command(recipe))
             engine = cls(recipe, Artifacts(paths["inject"], paths["export"], paths["compile"], keys))
+            contents.wait()
         except BaseException:
             for held in holds:
                 held.release()
