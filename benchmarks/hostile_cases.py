@@ -246,6 +246,14 @@ ENDPOINT_KINDS = (
     "no_usage",
     "silent",
     "stalls",
+    "keepalive",
+    "long_line",
+    "huge_usage",
+    "negative_usage",
+    "fractional_usage",
+    "nan_metrics",
+    "negative_metrics",
+    "backwards_metrics",
 )
 
 

@@ -17,6 +17,7 @@ import json
 import socket
 import socketserver
 import threading
+import time
 from collections.abc import Callable
 
 MODEL = "fake-model"
@@ -35,8 +36,12 @@ def _answer(status: str, body: bytes, ctype: str = "application/json") -> bytes:
     return head.encode() + body
 
 
-_USAGE = {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}}
-_GOOD_EVENTS = _event(_delta("Hel")) + _event(_delta("lo")) + _event(_delta("!")) + _event(_USAGE)
+def _usage(prompt_tokens: object = 5, completion_tokens: object = 3) -> dict:
+    return {"choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}}
+
+
+_TEXT_EVENTS = _event(_delta("Hel")) + _event(_delta("lo")) + _event(_delta("!"))
+_GOOD_EVENTS = _TEXT_EVENTS + _event(_usage())
 _SSE_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n"
 
 
@@ -75,15 +80,40 @@ REPLIES: dict[str, bytes] = {
     "no_done": _stream(_GOOD_EVENTS),
     # Text and [DONE] but no usage chunk: bench cannot count the tokens.
     "no_usage": _stream(_event(_delta("Hel")) + _event(_delta("lo")) + b"data: [DONE]\n\n"),
+    # Usage no request can have: 10^12 tokens for a few max_tokens, a negative count, a fractional one.
+    "huge_usage": _stream(_TEXT_EVENTS + _event(_usage(completion_tokens=10**12)) + b"data: [DONE]\n\n"),
+    "negative_usage": _stream(_TEXT_EVENTS + _event(_usage(prompt_tokens=-5)) + b"data: [DONE]\n\n"),
+    "fractional_usage": _stream(_TEXT_EVENTS + _event(_usage(completion_tokens=2.5)) + b"data: [DONE]\n\n"),
+}
+
+
+def _counters(drafts: object, draft_tokens: object, accepted: object) -> bytes:
+    return (
+        f"# TYPE vllm:spec_decode_num_drafts_total counter\n"
+        f"vllm:spec_decode_num_drafts_total {drafts}\n"
+        f"vllm:spec_decode_num_draft_tokens_total {draft_tokens}\n"
+        f"vllm:spec_decode_num_accepted_tokens_total {accepted}\n"
+    ).encode()
+
+
+# Kinds that answer chats well but serve a bad /metrics page (a function of how many GETs came before):
+# values that are no number, NaN / infinite, negative, or counters that go backwards between reads.
+METRICS = {
+    "bad_metrics": lambda n: (
+        b"# TYPE vllm:spec_decode_num_drafts_total counter\n"
+        b"vllm:spec_decode_num_drafts_total 1.2.3\n"
+        b"vllm:spec_decode_num_accepted_tokens_total oops\n"
+    ),
+    "nan_metrics": lambda n: _counters("NaN", "+Inf", 3),
+    "negative_metrics": lambda n: _counters(-4, -12, -2),
+    "backwards_metrics": lambda n: _counters(1000 - 10 * n, 1000 - 30 * n, 1000 - 30 * n),
 }
 # "silent" and "stalls" hold the connection instead (see _Handler): never a byte, or a first event and
-# then nothing. "bad_metrics" answers chats well but serves a /metrics line whose value is no number.
-KINDS = (*REPLIES, "silent", "stalls", "bad_metrics")
-_BAD_METRICS = (
-    b"# TYPE vllm:spec_decode_num_drafts_total counter\n"
-    b"vllm:spec_decode_num_drafts_total 1.2.3\n"
-    b"vllm:spec_decode_num_accepted_tokens_total oops\n"
-)
+# then nothing. "keepalive" sends SSE comment lines for KEEPALIVE_S (a client without a whole-request
+# limit waits all of it; bounded, so a test never hangs); "long_line" 300 MiB of one line, no newline.
+KINDS = (*REPLIES, "silent", "stalls", "keepalive", "long_line", *METRICS)
+KEEPALIVE_S = 15.0
+LONG_LINE_MIB = 300
 
 
 class _Handler(socketserver.BaseRequestHandler):
@@ -101,17 +131,29 @@ class _Handler(socketserver.BaseRequestHandler):
         try:
             if method == "GET" and path.endswith("/v1/models"):
                 sock.sendall(_answer("200 OK", json.dumps({"object": "list", "data": [{"id": MODEL}]}).encode()))
-            elif method == "GET" and path.endswith("/metrics") and self.server.kind == "bad_metrics":
-                sock.sendall(_answer("200 OK", _BAD_METRICS, "text/plain"))
+            elif method == "GET" and path.endswith("/metrics") and self.server.kind in METRICS:
+                sock.sendall(_answer("200 OK", METRICS[self.server.kind](self.server.count("metrics")), "text/plain"))
             elif method == "GET":
                 sock.sendall(_answer("404 Not Found", b"not found", "text/plain"))
-            elif self.server.next_chat() < self.server.good_first or self.server.kind == "bad_metrics":
+            elif self.server.count("chat") < self.server.good_first or self.server.kind in METRICS:
                 sock.sendall(REPLIES["ok"])
             elif self.server.kind == "silent":
                 self.server.stopping.wait()
             elif self.server.kind == "stalls":
                 sock.sendall(_SSE_HEAD + b"\r\n" + _event(_delta("Hel")))
                 self.server.stopping.wait()
+            elif self.server.kind == "keepalive":  # until the client hangs up (a send fails), stop() or the end
+                sock.sendall(_SSE_HEAD + b"\r\n")
+                end = time.monotonic() + KEEPALIVE_S
+                while time.monotonic() < end and not self.server.stopping.wait(0.02):
+                    sock.sendall(b": keepalive\n\n")
+            elif self.server.kind == "long_line":
+                sock.sendall(_SSE_HEAD + b"\r\n" + b'data: {"choices": [{"delta": {"content": "')
+                chunk = b"x" * (1 << 20)
+                for _ in range(LONG_LINE_MIB):
+                    if self.server.stopping.is_set():
+                        break
+                    sock.sendall(chunk)
             else:
                 sock.sendall(REPLIES[self.server.kind])
         except OSError:
@@ -148,14 +190,15 @@ class _Server(socketserver.ThreadingTCPServer):
             raise ValueError(f"unknown kind {kind!r}; one of {', '.join(KINDS)}")
         self.kind, self.good_first = kind, good_first
         self.stopping = threading.Event()
-        self._chats, self._lock = 0, threading.Lock()
+        self._counts: dict[str, int] = {}
+        self._lock = threading.Lock()
         super().__init__(("127.0.0.1", port), _Handler)
 
-    def next_chat(self) -> int:
-        """How many chat requests came before this one."""
+    def count(self, what: str) -> int:
+        """How many requests of `what` ("chat", "metrics") came before this one."""
         with self._lock:
-            self._chats += 1
-            return self._chats - 1
+            self._counts[what] = self._counts.get(what, 0) + 1
+            return self._counts[what] - 1
 
 
 def start(kind: str, port: int = 0, good_first: int = 0) -> tuple[str, Callable[[], None]]:

@@ -1,5 +1,6 @@
 """`dflash bench --endpoint` against misbehaving servers: each fault is one `error:` line naming it and the
-request it happened on, never a traceback, never a result; `--timeout` bounds a server that goes quiet."""
+request it happened on, never a traceback, never a result; `--timeout` bounds each whole request (a server
+that goes quiet, or trickles keep-alives); unusable /metrics counters make acceptance unavailable, saying why."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -26,8 +28,16 @@ FAULTS = {
     "cut_short_chunked": "cut the reply short mid-stream, after 1 event: the connection closed mid-body",
     "no_done": "ended the stream without `data: [DONE]` after 4 events",
     "no_usage": "stream carried no `usage` with `completion_tokens`",
-    "silent": "sent nothing for 1 s (--timeout 1) while answering POST /v1/chat/completions",
-    "stalls": "sent nothing for 1 s (--timeout 1) mid-stream, after 1 event",
+    "silent": "sent no complete reply within 1 s (--timeout 1) while answering POST /v1/chat/completions",
+    "stalls": "did not finish its reply within 1 s (--timeout 1) mid-stream, after 1 event",
+    # Was never cut off: each comment line restarted the socket's idle timeout.
+    "keepalive": "did not finish its reply within 1 s (--timeout 1) mid-stream, after 0 events and ",
+    # Was read whole (300 MiB: 1.8 GB).
+    "long_line": "sent a line of over 4 MiB (no newline in 4194304 bytes) mid-stream, after 0 events",
+    # Was a MemoryError traceback (a list of 10^12 placeholder tokens).
+    "huge_usage": "reported `usage.completion_tokens` 1000000000000: more than the request's max_tokens 8",
+    "negative_usage": "reported `usage.prompt_tokens` -5: negative",
+    "fractional_usage": "reported `usage.completion_tokens` 2.5: not a whole number",
 }
 
 
@@ -81,6 +91,19 @@ def test_a_misbehaving_server_is_one_error_line_naming_the_fault_and_the_sample(
     assert earlier.read_text() == '{"from": "an earlier run"}\n'  # a failed run writes no --output
 
 
+def test_timeout_bounds_a_whole_request_of_keepalives(data: Path):
+    """A server trickling `: keepalive` lines: --timeout 5 ran 150 s (the fake stops after 15 s)."""
+    url, stop = start("keepalive")
+    began = time.monotonic()
+    try:
+        res = _bench(url, data, "--timeout", "1")
+    finally:
+        stop()
+    assert res.exit_code == 1 and time.monotonic() - began < 8, res.output
+    assert "comment lines (SSE keep-alives)" in _error_lines(res)[0]
+    assert "hint: --timeout bounds each whole request" in res.stderr
+
+
 def test_a_failing_warmup_request_names_its_sample(data: Path):
     url, stop = start("no_done")
     try:
@@ -100,6 +123,46 @@ def test_unreadable_metrics_values_mean_acceptance_unavailable(data: Path):
         stop()
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["endpoint"]["spec_decode"].startswith("unavailable")
+
+
+# kind -> why acceptance is unavailable (was: a ValueError traceback for NaN, numbers from negative
+# counters, tau 4.00 from counters going backwards)
+METRICS_FAULTS = {
+    "nan_metrics": "/metrics gave vllm:spec_decode_num_drafts_total = NaN, not a finite count >= 0",
+    "negative_metrics": "/metrics gave vllm:spec_decode_num_drafts_total = -4, not a finite count >= 0",
+    "backwards_metrics": "the spec-decode counters on /metrics went backwards over request 1/2 (sample p/1, turn 1)",
+}
+
+
+@pytest.mark.parametrize("kind", list(METRICS_FAULTS))
+def test_unusable_metrics_counters_mean_acceptance_unavailable_saying_why(kind: str, data: Path):
+    url, stop = start(kind)
+    try:
+        as_json = _bench(url, data, "--json")
+        as_table = _bench(url, data)
+    finally:
+        stop()
+    for res in as_json, as_table:
+        assert res.exit_code == 0 and "Traceback" not in res.output, res.output
+    doc = json.loads(as_json.stdout)
+    assert doc["endpoint"]["spec_decode"] == f"unavailable: {METRICS_FAULTS[kind]}" + (
+        " (was the server restarted?)" if kind == "backwards_metrics" else ""
+    )
+    assert doc["mean_acceptance_length"] is None and "spec_decode_acceptance_length" not in doc["endpoint"]
+    assert f"endpoint acceptance (tau): unavailable: {METRICS_FAULTS[kind]}" in as_table.stdout
+
+
+def test_impossible_usage_under_load_is_a_failed_request_not_a_throughput(data: Path):
+    """`--concurrency`: 10^12 completion tokens gave 2.9e14 tok/s; now that request fails, with its reason."""
+    url, stop = start("huge_usage", good_first=1)
+    try:
+        res = _bench(url, data, "--concurrency", "1", "--json", "--timeout", "5")
+    finally:
+        stop()
+    assert res.exit_code == 0, res.output
+    load = json.loads(res.stdout)["load"][0]
+    assert (load["completed"], load["failed"], load["total_output_tokens"]) == (1, 1, 3)
+    assert "more than the request's max_tokens 8" in load["failures"][0]
 
 
 def test_the_real_command_prints_no_traceback(data: Path):
@@ -124,4 +187,5 @@ def test_the_real_command_prints_no_traceback(data: Path):
 
 def test_timeout_is_documented_with_its_default():
     res = CliRunner().invoke(create_app(), ["bench", "--help"], env={"COLUMNS": "200"})
-    assert res.exit_code == 0 and "--timeout" in res.stdout and "default 60" in res.stdout
+    assert res.exit_code == 0 and "--timeout" in res.stdout and "default 600" in res.stdout
+    assert "whole request" in res.stdout

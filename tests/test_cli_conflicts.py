@@ -1,6 +1,7 @@
 """Conflicting or unusable input is refused up front, in one line, instead of silently doing something else:
 a closed or empty stdin for `-p -`, two different recipes, `--mode X --no-draft`, a JSON file that is not
-a bench result, target and draft swapped, a config vocab_size the weights disagree with."""
+a bench result, an option `bench compare` does not read, target and draft swapped, a config vocab_size the
+weights disagree with."""
 
 from __future__ import annotations
 
@@ -143,6 +144,64 @@ def test_compare_refuses_a_document_that_is_not_a_bench_result(tmp_path: Path, d
     res = invoke("bench", "compare", str(good), str(bad))
     assert_one_error(res, 1, str(bad), "not a dflash bench result", *words)
     assert "hint: " in res.stderr and not res.stdout.strip()
+
+
+# `bench compare A B --endpoint URL` exited 0, ignoring --endpoint: every option compare does not read
+# is a usage error. Each of bench's options -> arguments giving it a value it accepts:
+BENCH_OPTIONS = {
+    "--dataset": ["--dataset", "gsm8k"],
+    "--recipe": ["--recipe", "demo"],
+    "--set": ["--set", "run.max_new_tokens=8"],
+    "--cache-dir": ["--cache-dir", "cache"],
+    "--max-samples": ["--max-samples", "3"],
+    "--seed": ["--seed", "1"],
+    "--max-new-tokens": ["--max-new-tokens", "8"],
+    "--temperature": ["--temperature", "0.5"],
+    "--top-k": ["--top-k", "5"],
+    "--top-p": ["--top-p", "0.5"],
+    "--modes": ["--modes", "plain,dflash"],
+    "--output": ["--output", "out.json"],
+    "--results": ["--results", "r.jsonl"],
+    "--resume": ["--resume"],
+    "--min-speedup": ["--min-speedup", "2"],
+    "--min-tau": ["--min-tau", "2"],
+    "--block-sizes": ["--block-sizes", "4,8"],
+    "--warmup": ["--warmup", "0"],
+    "--repeat": ["--repeat", "2"],
+    "--plain-best": ["--plain-same"],  # either form
+    "--endpoint": ["--endpoint", "http://127.0.0.1:9"],
+    "--model": ["--model", "m"],
+    "--timeout": ["--timeout", "5"],
+    "--concurrency": ["--concurrency", "2"],
+    "--request-rate": ["--request-rate", "1"],
+    "--plot": ["--plot", "p.html"],
+}
+
+
+def test_every_bench_option_is_checked_with_compare() -> None:
+    import typer
+
+    bench = typer.main.get_command(create_app()).commands["bench"]
+    options = {p.opts[0] for p in bench.params if p.opts[0].startswith("--")} - {"--json", "--format", "--help"}
+    assert options == set(BENCH_OPTIONS)
+
+
+@pytest.mark.parametrize("option", list(BENCH_OPTIONS))
+def test_compare_refuses_options_it_does_not_read(tmp_path: Path, monkeypatch, option: str) -> None:
+    monkeypatch.chdir(tmp_path)
+    good = str(RESULTS / "demo-humaneval-4modes-rev12.json")
+    res = invoke("bench", "compare", good, good, *BENCH_OPTIONS[option])
+    assert res.exit_code == 2, res.output
+    assert option in flat(res.output) and "notapplytoit(ittakes--json/--format)" in flat(res.output), res.output
+    assert not res.stdout.strip().startswith("{") and not list(tmp_path.iterdir())  # nothing compared or written
+
+
+def test_compare_takes_its_report_format() -> None:
+    good = str(RESULTS / "demo-humaneval-4modes-rev12.json")
+    res = invoke("bench", "compare", good, good, "--format", "csv")
+    assert res.exit_code == 0 and res.stdout.startswith("metric,")
+    res = invoke("bench", "compare", good, good, "--json", "--format", "json")
+    assert res.exit_code == 0 and json.loads(res.stdout)["rows"]
 
 
 # --- 5. target and draft swapped in a recipe ------------------------------------------------------

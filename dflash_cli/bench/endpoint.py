@@ -8,9 +8,11 @@ server's Prometheus `/metrics` spec-decode counters (vLLM's names: vLLM, SGLang 
 With a recipe as well, greedy runs compare the server's text with plain decoding of that recipe.
 
 A misbehaving server fails the run with one EndpointError line naming the fault and the request
-(sample, turn): no answer within `--timeout` (connect, and each wait for more bytes), a bad status
-line, a body cut short, invalid or ill-typed events, a stream without `data: [DONE]` or without the
-`usage` that the token count comes from. An incomplete reply is never counted as a result.
+(sample, turn): a request not finished within `--timeout` (connecting included), a bad status line, a
+body cut short, a line longer than MAX_LINE, invalid or ill-typed events, a stream without
+`data: [DONE]` or without the `usage` that the token count comes from, a usage count no request can
+have. An incomplete reply is never counted as a result. Counters on /metrics that are no finite count,
+or that go backwards, make acceptance unavailable (saying why) rather than a number.
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import math
 import re
+import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -38,16 +43,46 @@ _COUNTERS = {
     "accepted": "vllm:spec_decode_num_accepted_tokens_total",
 }
 _PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
-DEFAULT_TIMEOUT_S = 60.0  # connect, and the longest wait for the next bytes of a reply (`--timeout`)
+DEFAULT_TIMEOUT_S = 600.0  # the longest one request may take, connecting included (`--timeout`)
+# The longest line of a stream bench reads: an event is a few hundred bytes, so a longer line is a broken
+# server, and reading it whole would buffer whatever the server sends (300 MiB grew bench to 1.8 GB).
+# A GET body (/metrics, /v1/models) may be longer, but not without end either.
+MAX_LINE = 4 << 20
+MAX_BODY = 64 << 20
+NO_COUNTERS = "the server exposes no vLLM-named spec-decode counters on /metrics"
+
+
+class _Deadline:
+    """The end of one request's `--timeout`. A socket timeout bounds each read, not a request: a server
+    trickling keep-alive comments, or one endless line, would never trip it. So a timer shuts the socket
+    when the time is up; the blocked read then ends, and `hit` tells the caller why."""
+
+    def __init__(self, seconds: float) -> None:
+        self.end, self.hit = time.monotonic() + seconds, False
+        self._timer: threading.Timer | None = None
+
+    def watch(self, sock: socket.socket) -> None:
+        self._timer = threading.Timer(max(0.0, self.end - time.monotonic()), self._expire, (sock,))
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _expire(self, sock: socket.socket) -> None:
+        self.hit = True
+        with contextlib.suppress(OSError):
+            socket.socket.shutdown(sock, socket.SHUT_RDWR)  # the raw socket's, also under TLS
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
 
 
 class Endpoint:
     """A small client for one OpenAI-compatible server (standard library only).
 
-    `timeout` bounds connecting and every wait for the next bytes of a reply (an idle timeout, so a long
-    generation that keeps streaming never trips it). Whatever the server does wrong (no answer, a bad
-    status line, a body cut short, invalid or ill-typed events, a stream without `data: [DONE]` or
-    without the usage bench counts tokens by) raises EndpointError naming the fault.
+    `timeout` bounds each whole request, from connecting to the last byte of its reply. Whatever the
+    server does wrong (no complete answer in time, a bad status line, a body cut short, an overlong line,
+    invalid or ill-typed events, a stream without `data: [DONE]` or without sound usage counts) raises
+    EndpointError naming the fault.
     """
 
     def __init__(self, url: str, timeout: float = DEFAULT_TIMEOUT_S) -> None:
@@ -59,39 +94,51 @@ class Endpoint:
         self.host, self.port = parts.hostname, parts.port or (443 if self.https else 80)
         self.prefix = parts.path.rstrip("/").removesuffix("/v1")
 
-    def _open(self, method: str, path: str, body: str | None = None) -> tuple[Any, Any]:
-        """(connection, response) once the status line and headers are in."""
+    @contextlib.contextmanager
+    def _request(self, method: str, path: str, body: str | None = None) -> Iterator[tuple[Any, _Deadline]]:
+        """(response, its deadline) once the status line and headers are in; closed on leaving."""
         cls = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
         conn = cls(self.host, self.port, timeout=self.timeout)
+        deadline, res = _Deadline(self.timeout), None
         try:
-            conn.connect()
-        except TimeoutError:
+            try:
+                conn.connect()
+            except TimeoutError:
+                raise EndpointError(
+                    f"{self.url} accepted no connection within {self.timeout:g} s (--timeout {self.timeout:g})",
+                    hint="check the address; raise --timeout if the server is just slow",
+                ) from None
+            except OSError as exc:
+                raise EndpointError(
+                    f"cannot reach {self.url}: {exc.strerror or exc}",
+                    hint="start the server first (e.g. `dflash serve`)",
+                ) from None
+            deadline.watch(conn.sock)
+            try:
+                headers = {"content-type": "application/json"} if body is not None else {}
+                conn.request(method, self.prefix + path, body, headers)
+                res = conn.getresponse()
+            except (OSError, http.client.HTTPException, ValueError) as exc:
+                raise self._fault(exc, f"while answering {method} {path}", deadline) from exc
+            yield res, deadline
+        finally:
+            deadline.cancel()
+            if res is not None:
+                res.close()  # a close-delimited reply owns the socket: closing it hangs up on the server
             conn.close()
-            raise EndpointError(
-                f"{self.url} accepted no connection within {self.timeout:g} s (--timeout {self.timeout:g})",
-                hint="check the address; raise --timeout if the server is just slow",
-            ) from None
-        except OSError as exc:
-            conn.close()
-            raise EndpointError(
-                f"cannot reach {self.url}: {exc.strerror or exc}", hint="start the server first (e.g. `dflash serve`)"
-            ) from None
-        try:
-            headers = {"content-type": "application/json"} if body is not None else {}
-            conn.request(method, self.prefix + path, body, headers)
-            return conn, conn.getresponse()
-        except (OSError, http.client.HTTPException, ValueError) as exc:
-            conn.close()
-            raise self._fault(exc, f"while answering {method} {path}") from exc
 
-    def _fault(self, exc: BaseException, where: str) -> EndpointError:
+    def _late(self, what: str, where: str) -> EndpointError:
+        return EndpointError(
+            f"{self.url} {what} within {self.timeout:g} s (--timeout {self.timeout:g}) {where}",
+            hint=f"--timeout bounds each whole request: raise it (e.g. --timeout {max(1200, 5 * self.timeout):g}) "
+            "if the server is just slow, or check its log",
+        )
+
+    def _fault(self, exc: BaseException, where: str, deadline: _Deadline | None = None) -> EndpointError:
         """The server's fault behind a low-level exception, as one line and a hint."""
-        if isinstance(exc, TimeoutError):
-            return EndpointError(
-                f"{self.url} sent nothing for {self.timeout:g} s (--timeout {self.timeout:g}) {where}",
-                hint=f"raise --timeout (e.g. --timeout {max(300, 5 * self.timeout):g}) if the server is just slow, "
-                "or check its log",
-            )
+        if isinstance(exc, TimeoutError) or (deadline is not None and deadline.hit):
+            # The socket's own timeout is --timeout too, so either way the request ran out of time.
+            return self._late("sent no complete reply", where)
         if isinstance(exc, http.client.RemoteDisconnected):
             return EndpointError(f"{self.url} closed the connection without a reply {where}", hint=LOG_HINT)
         if isinstance(exc, http.client.BadStatusLine):
@@ -114,13 +161,8 @@ class Endpoint:
         return EndpointError(f"{self.url} failed {where}: {exc}", hint=LOG_HINT)
 
     def get(self, path: str) -> tuple[int, bytes]:
-        conn, res = self._open("GET", path)
-        try:
-            return res.status, res.read()
-        except (OSError, http.client.HTTPException, ValueError) as exc:
-            raise self._fault(exc, f"while sending GET {path}") from exc
-        finally:
-            conn.close()
+        with self._request("GET", path) as (res, deadline):
+            return res.status, self._read_all(res, deadline, f"while sending GET {path}")
 
     def model(self) -> str:
         status, body = self.get("/v1/models")
@@ -131,21 +173,26 @@ class Endpoint:
                 f"{self.url}/v1/models answered {status} without a model", hint="pass --model NAME"
             ) from None
 
-    def counters(self) -> dict[str, Any] | None:
-        """The server's spec-decode counters (summed over label sets), or None without them."""
+    def counters(self) -> dict[str, Any] | str:
+        """The server's spec-decode counters (summed over label sets), or why there are none to use."""
         status, body = self.get("/metrics")
         if status != 200:
-            return None
+            return NO_COUNTERS
         found: dict[str, float] = {}
         per_pos: dict[int, float] = {}
         for line in body.decode(errors="replace").splitlines():
             m = _SAMPLE.match(line.strip())
             if not m:
                 continue
+            name, labels, text = m.group(1), m.group(2) or "", m.group(3)
+            if name not in (*_COUNTERS.values(), _PER_POS):
+                continue  # other metrics may be anything (a gauge may well be NaN)
             try:
-                name, labels, value = m.group(1), m.group(2) or "", float(m.group(3))
+                value = float(text)
             except ValueError:
-                continue  # not a sample line bench can read; the counters it needs are checked below
+                value = math.nan
+            if not math.isfinite(value) or value < 0:  # NaN, inf or negative: no count to subtract
+                return f"/metrics gave {name}{labels} = {text[:40]}, not a finite count >= 0"
             for key, metric in _COUNTERS.items():
                 if name == metric:
                     found[key] = found.get(key, 0.0) + value
@@ -154,7 +201,7 @@ class Endpoint:
                 if pos:
                     per_pos[int(pos.group(1))] = per_pos.get(int(pos.group(1)), 0.0) + value
         if "drafts" not in found or "accepted" not in found:
-            return None
+            return NO_COUNTERS
         return {**found, "per_pos": [per_pos[i] for i in sorted(per_pos)]}
 
     def chat(self, model: str, messages: list[dict], settings: Any, seed: int) -> dict[str, Any]:
@@ -171,10 +218,10 @@ class Endpoint:
         if settings.top_k:
             body["top_k"] = settings.top_k
         t0 = time.perf_counter()
-        conn, res = self._open("POST", "/v1/chat/completions", json.dumps(body))
-        try:
+        with self._request("POST", "/v1/chat/completions", json.dumps(body)) as (res, deadline):
             if res.status != 200:
-                detail = self._read_all(res, f"while sending its {res.status} reply").decode(errors="replace")[:300]
+                where = f"while sending its {res.status} reply"
+                detail = self._read_all(res, deadline, where, partial=True).decode(errors="replace")[:300]
                 raise EndpointError(
                     f"{self.url} answered {res.status}: {detail}", hint="check --model and the server log"
                 )
@@ -186,7 +233,7 @@ class Endpoint:
                 )
             stream = EventStream(self.url)
             promised = res.length
-            for raw in self._lines(res, stream):
+            for raw in self._lines(res, stream, deadline):
                 if not raw.endswith(b"\n") and raw.rstrip() not in (b"data: [DONE]", b"data:[DONE]"):
                     raise EndpointError(
                         f"{self.url} cut the stream short: the connection closed mid-line after "
@@ -206,17 +253,26 @@ class Endpoint:
                     f"{self.url} ended the stream without `data: [DONE]` after {count(stream.events, 'event')}",
                     hint="the server stopped mid-reply: check its log",
                 )
-        finally:
-            conn.close()
         end = time.perf_counter()
-        tokens = stream.usage.get("completion_tokens") if stream.usage is not None else None
-        if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
+        if stream.usage is None or stream.usage.get("completion_tokens") is None:
             raise EndpointError(
                 f"{self.url}'s stream carried no `usage` with `completion_tokens` "
                 "(bench asks for it with stream_options.include_usage)",
                 hint="bench counts tokens by it: use a server that honours stream_options.include_usage "
                 "(vLLM, SGLang, dflash serve)",
             )
+        # Every count is used as one (10^12 tokens ran out of memory, or gave 10^14 tokens/s under load).
+        prompt = stream.usage.get("prompt_tokens")
+        for name, value, most in (
+            ("completion_tokens", stream.usage["completion_tokens"], settings.max_new_tokens),
+            ("prompt_tokens", 0 if prompt is None else prompt, None),
+        ):
+            why = _count_fault(value, most)
+            if why is not None:
+                raise EndpointError(
+                    f"{self.url} reported `usage.{name}` {json.dumps(value)[:40]}: {why}",
+                    hint="bench counts tokens by the server's usage: check the server",
+                )
         return {
             "text": "".join(stream.text),
             "t0": t0,
@@ -226,22 +282,56 @@ class Endpoint:
             "usage": stream.usage,
         }
 
-    def _lines(self, res: Any, stream: EventStream) -> Iterator[bytes]:
-        """The response's lines as they arrive; a read failure becomes the server's fault."""
+    def _lines(self, res: Any, stream: EventStream, deadline: _Deadline) -> Iterator[bytes]:
+        """The response's lines as they arrive, each at most MAX_LINE bytes; a read failure, the deadline or
+        an overlong line becomes the server's fault."""
         while True:
+            after = f"mid-stream, after {count(stream.events, 'event')}" + (
+                f" and {count(stream.comments, 'comment line')} (SSE keep-alives)" if stream.comments else ""
+            )
             try:
-                raw = res.readline()
+                raw = res.readline(MAX_LINE)
             except (OSError, http.client.HTTPException, ValueError) as exc:
-                raise self._fault(exc, f"mid-stream, after {count(stream.events, 'event')}") from exc
+                if deadline.hit or isinstance(exc, TimeoutError):
+                    raise self._late("did not finish its reply", after) from exc
+                raise self._fault(exc, after) from exc
+            if deadline.hit:  # the socket was shut: what came last is cut, not the server's end
+                raise self._late("did not finish its reply", after)
+            if len(raw) >= MAX_LINE and not raw.endswith(b"\n"):
+                raise EndpointError(
+                    f"{self.url} sent a line of over {MAX_LINE >> 20} MiB (no newline in {MAX_LINE} bytes) "
+                    f"{after}: {raw[:60]!r}",
+                    hint="bench reads SSE events of a few hundred bytes each: " + LOG_HINT,
+                )
             if not raw:
                 return
             yield raw
 
-    def _read_all(self, res: Any, where: str) -> bytes:
+    def _read_all(self, res: Any, deadline: _Deadline, where: str, *, partial: bool = False) -> bytes:
+        """The body, at most MAX_BODY bytes (`partial`: the first bytes of a longer one, e.g. an error's)."""
         try:
-            return res.read()
+            body = res.read(65536 if partial else MAX_BODY + 1)
         except (OSError, http.client.HTTPException, ValueError) as exc:
-            raise self._fault(exc, where) from exc
+            raise self._fault(exc, where, deadline) from exc
+        if deadline.hit:
+            raise self._late("sent no complete reply", where)
+        if len(body) > MAX_BODY and not partial:
+            raise EndpointError(
+                f"{self.url} sent a body of over {MAX_BODY >> 20} MiB {where}",
+                hint="bench reads small bodies: " + LOG_HINT,
+            )
+        return body
+
+
+def _count_fault(value: Any, most: int | None) -> str | None:
+    """Why a usage count cannot be this request's count of tokens, or None."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        return "not a whole number"
+    if value < 0:
+        return "negative"
+    if most is not None and value > most:
+        return f"more than the request's max_tokens {most}"
+    return None
 
 
 def as_result(reply: dict[str, Any]) -> GenerationResult:
@@ -274,6 +364,7 @@ def run_endpoint(
             client.chat(model, [{"role": "user", "content": sample.turns[0]}], settings, settings.seed)
     results: list[GenerationResult] = []
     deltas: list[dict[str, Any]] = []
+    unusable: str | None = None  # why the counters cannot give acceptance, once they cannot
     mismatches: list[dict[str, Any]] = []
     total, done = sum(len(s.turns) for s in samples) * settings.repeat, 0
     for sample in samples:
@@ -283,13 +374,21 @@ def run_endpoint(
             reply_text = None
             for rep in range(settings.repeat):
                 where = f"request {done + 1}/{total} (sample {sample.id}, turn {turn + 1}"
-                with _naming(where + (f", repeat {rep + 1})" if settings.repeat > 1 else ")")):
+                where += f", repeat {rep + 1})" if settings.repeat > 1 else ")"
+                with _naming(where):
                     before = client.counters()
                     reply = client.chat(model, messages, settings, settings.seed)
                     after = client.counters()
                 results.append(as_result(reply))
-                if before is not None and after is not None:
-                    deltas.append(_delta(before, after))
+                if isinstance(before, dict) and isinstance(after, dict):
+                    delta = _delta(before, after)
+                    deltas.append(delta)
+                    if min(delta["drafts"], delta["draft_tokens"], delta["accepted"], *delta["per_pos"]) < 0:
+                        # A restarted server (or no counters at all): negative deltas made tau 4.00 of nothing.
+                        why = f"the spec-decode counters on /metrics went backwards over {where}"
+                        unusable = unusable or why + " (was the server restarted?)"
+                else:
+                    unusable = unusable or next((c for c in (before, after) if c != NO_COUNTERS), None)
                 if rep == 0:
                     reply_text = reply["text"]
                     if plain_text is not None and settings.temperature == 0:
@@ -310,7 +409,7 @@ def run_endpoint(
         "decode_tokens_per_s_spread": spread([r.decode_tokens_per_s for r in results if r.decode_tokens]),
         "new_tokens": sum(r.new_tokens for r in results),
     }
-    section.update(_acceptance(deltas))
+    section.update(_acceptance(deltas) if unusable is None else {"spec_decode": f"unavailable: {unusable}"})
     lossless = {"checked": plain_text is not None and settings.temperature == 0, "mismatches": mismatches}
     return {"endpoint": section, "lossless": lossless}
 
@@ -351,7 +450,7 @@ def _delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
 
 def _acceptance(deltas: list[dict[str, Any]]) -> dict[str, Any]:
     if not deltas:
-        return {"spec_decode": "unavailable: the server exposes no vLLM-named spec-decode counters on /metrics"}
+        return {"spec_decode": f"unavailable: {NO_COUNTERS}"}
     drafts = sum(d["drafts"] for d in deltas)
     accepted = sum(d["accepted"] for d in deltas)
     draft_tokens = sum(d["draft_tokens"] for d in deltas)

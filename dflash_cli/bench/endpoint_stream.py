@@ -19,6 +19,7 @@ class EventStream:
     def __init__(self, url: str) -> None:
         self.url = url
         self.events = 0
+        self.comments = 0  # `: ...` lines (keep-alives): said when a request runs out of time
         self.text: list[str] = []
         self.first: float | None = None
         self.last: float | None = None
@@ -26,6 +27,7 @@ class EventStream:
 
     def take(self, raw: bytes) -> bool:
         """Read one line; True at `data: [DONE]`. Blank lines, comments and other fields are skipped."""
+        self.comments += raw.startswith(b":")
         if not raw.startswith(b"data:"):
             return False
         data = raw[5:].strip()

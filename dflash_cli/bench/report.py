@@ -46,6 +46,9 @@ def _num(value: float | None, fmt: str, scale: float = 1.0, suffix: str = "") ->
 def report_renderables(doc: dict[str, Any]) -> list[RenderableType]:
     """Summary, acceptance histogram, per-position acceptance, decomposition, sweep and lossless status."""
     parts: list[RenderableType] = [summary_table(doc)]
+    spec_decode = (doc.get("endpoint") or {}).get("spec_decode")
+    if spec_decode:  # a server's acceptance is "unavailable: <why>" where its counters are missing or unusable
+        parts.append(Text(f"endpoint acceptance (tau): {spec_decode}"))
     spec_modes = [m for m in SPECULATIVE_MODES if doc.get(m)]
     if spec_modes:
         parts.append(histogram_table(doc, spec_modes))

@@ -196,7 +196,7 @@ def bench_command(
     format_: FormatOpt = None,
     endpoint: EndpointOpt = None,
     model: ModelOpt = None,
-    timeout: TimeoutOpt = 60.0,
+    timeout: TimeoutOpt = 600.0,
     concurrency: ConcurrencyOpt = None,
     request_rate: RequestRateOpt = float("inf"),
     plot: PlotOpt = None,
@@ -215,6 +215,7 @@ def bench_command(
             raise typer.BadParameter(
                 f"unexpected argument {compare_args[0]!r}; the only subcommand is `compare`", param_hint="ARGS"
             )
+        _refuse_options_compare_ignores(ctx)
         _compare([Path(a) for a in compare_args[1:]], fmt)
         return
 
@@ -355,6 +356,23 @@ def _finish(
             console.print(part)
     check_lossless(doc)
     check_floors(doc, min_speedup=min_speedup, min_tau=min_tau)
+
+
+def _refuse_options_compare_ignores(ctx: typer.Context) -> None:
+    """`compare` only reads its documents: any other option given with it was ignored without a word
+    (`--endpoint URL` exited 0), so it is a usage error (exit 2) instead."""
+    given = [
+        "/".join([param.opts[0], *param.secondary_opts[:1]])  # --plain-best/--plain-same
+        for param in ctx.command.params
+        if param.name not in ("compare_args", "json_", "format_")
+        and ctx.get_parameter_source(param.name).name == "COMMANDLINE"  # not an environment variable's
+    ]
+    if given:
+        raise typer.BadParameter(
+            f"`bench compare` only reads its documents: {', '.join(given)} "
+            f"{'does' if len(given) == 1 else 'do'} not apply to it (it takes --json / --format)",
+            param_hint=" / ".join(given),
+        )
 
 
 def _compare(paths: list[Path], fmt: str) -> None:

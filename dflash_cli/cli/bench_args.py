@@ -125,7 +125,7 @@ TimeoutOpt = Annotated[
         "--timeout",
         metavar="SECONDS",
         min=0.001,
-        help="With --endpoint: fail a request when the server does not connect, or sends no bytes of its reply, "
-        "for SECONDS (an idle timeout, not a cap on the whole reply; default 60).",
+        help="With --endpoint: fail a request that has not finished SECONDS after it began, connecting included "
+        "(a cap on the whole request, so a server trickling keep-alives cannot hold bench; default 600).",
     ),
 ]

@@ -41,7 +41,7 @@ def bench_endpoint(
             ("max_new_tokens", settings.max_new_tokens),
             ("temperature", settings.temperature),
             ("lossless check", recipe_ref or "off (pass --recipe)"),
-            ("timeout", f"{timeout:g} s idle"),
+            ("timeout", f"{timeout:g} s a request"),
         ],
     )
     console = err_console()
