@@ -26,6 +26,7 @@ LAYERS = {
     "recipe": 0,
     "recipe_files": 0,  # finding recipes by name or path (recipe.py loads them)
     "cache": 0,
+    "cache_contents": 0,
     "cache_locks": 0,
     "cache_upkeep": 0,
     "process_memory": 0,
