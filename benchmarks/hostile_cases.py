@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-GROUPS = ("serve", "bench", "cache", "cli")
+GROUPS = ("serve", "bench", "cache", "damage", "cli")
 
 
 class Source:
@@ -121,7 +121,13 @@ def server(source: Source, recipe: str, *extra: str) -> Iterator[tuple[str, subp
         line = proc.stderr.readline().decode()
         if not line and proc.poll() is not None:
             raise SystemExit(f"the server exited: {proc.stderr.read().decode()[-400:]}")
-    threading.Thread(target=proc.stderr.read, daemon=True).start()
+    proc.log = []  # what the server logs from here on, line by line
+
+    def keep() -> None:
+        for raw in proc.stderr:
+            proc.log.append(raw.decode("utf-8", "replace"))
+
+    threading.Thread(target=keep, daemon=True).start()
     url = re.search(r"http://\S+/v1", line).group(0).removesuffix("/v1")
     try:
         yield url, proc
@@ -150,7 +156,7 @@ def serve_cases(source: Source) -> dict[str, str]:
     out: dict[str, str] = {}
     demo = "demo"
     source.run("build", "-r", demo)
-    with server(source, demo) as (url, _):
+    with server(source, demo) as (url, proc):
         # A non-streamed request whose client leaves after 0.3 s, then a short one.
         parts = urlsplit(url)
         body = json.dumps({"prompt": "def fibonacci(n):", "max_tokens": 990}).encode()
@@ -169,6 +175,16 @@ def serve_cases(source: Source) -> dict[str, str]:
         how = ", ".join(f"{r} {n:.0f}" for r, n in counted.items())
         out["serve: non-streamed client disconnects"] = (
             f"counted {how}; engine free {freed:.1f} s after the client left; next request HTTP {status}"
+        )
+
+        for _ in range(3):  # declares 1000 bytes, sends 20 and leaves
+            with socket.create_connection((parts.hostname, parts.port)) as cut:
+                cut.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n" + b"{" * 20)
+            time.sleep(0.3)
+        status, _, _ = post(url, "/v1/completions", json.dumps({"prompt": "x =", "max_tokens": 4}).encode())
+        tracebacks = sum("Traceback (most recent call last)" in ln for ln in proc.log)
+        out["serve: 3 request bodies cut short by their clients"] = (
+            f"{tracebacks} tracebacks in the server log; next request HTTP {status}"
         )
 
         big = "x" * (10 << 20)
@@ -312,8 +328,54 @@ def _remove(relative: str) -> Callable[[Path], str]:
     return act
 
 
+def _rot(file: Path, every: int) -> None:
+    """Flip every `every`-th byte (0: one byte) in place, the inode and mtime kept: how disk rot looks."""
+    st = file.stat()
+    with file.open("r+b") as f:
+        data = bytearray(f.read())
+        for i in range(0, len(data), every) if every else (len(data) // 2,):
+            data[i] ^= 0xFF
+        f.seek(0)
+        f.write(data)
+    os.utime(file, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def damage_cases(source: Source) -> dict[str, str]:
+    out = {}
+    int4 = ("-r", "demo", "--set", "compile.ort.precision=int4")
+    run = source.argv("run", *int4, "-p", "def fibonacci(n):", "--max-new-tokens", "16", "--json")
+    run += ["--cache-dir", str(source.cache)]
+
+    def text() -> tuple[int, str, str | None]:
+        proc = subprocess.run(run, env=source.env, cwd=source.src, capture_output=True)
+        said = outcome(proc.returncode, proc.stdout + proc.stderr)
+        return proc.returncode, said, json.loads(proc.stdout)["text"] if proc.returncode == 0 else None
+
+    source.run("build", *int4)
+    for name, every in (("every 7th byte", 7), ("one byte", 0)):
+        source.run("build", *int4, "--rebuild", "compile")  # compile writes the .q.data files itself
+        (data,) = (source.cache / "artifacts" / "compile").glob("*/target.onnx.q.data")
+        _, _, expected = text()
+        _rot(data, every)
+        code, said, got = text()
+        if code == 0:
+            said += " · text " + ("unchanged" if got == expected else f"changed: {got!r}"[:80])
+        out[f"int4 run after {name} of target.onnx.q.data flipped in place (mtime kept)"] = said
+    source.run("build", *int4, "--rebuild", "compile")
+    return out
+
+
 def cache_cases(source: Source) -> dict[str, str]:
     out = {}
+    scratch = source.scratch / "locks-cache"
+    argv = ("-r", "demo", "--cache-dir", str(scratch))
+    for args in (("build", *argv), ("run", *argv, "-p", "x =", "--max-new-tokens", "4")):
+        subprocess.run(source.argv(*args), env=source.env, cwd=source.src, capture_output=True)
+    before = len(list((scratch / "locks").iterdir()))
+    subprocess.run(source.argv("cache", "clean", "--yes", "--cache-dir", str(scratch)), env=source.env, cwd=source.src)
+    left = sorted(p.name for p in (scratch / "locks").iterdir())
+    out["cache clean --yes after a build and a run: lock files left"] = f"{len(left)} of {before} left"
+    shutil.rmtree(scratch, ignore_errors=True)
     for when in ("inject", "export", "compile"):
         out[f"cache clean --yes while the build runs {when}"] = _race(source, when, _clean(source, "--yes"), "yes")
     out["cache clean --older-than 0s while the build runs export"] = _race(
@@ -377,6 +439,7 @@ RUNNERS: dict[str, Callable[[Source], dict[str, str]]] = {
     "serve": serve_cases,
     "bench": bench_cases,
     "cache": cache_cases,
+    "damage": damage_cases,
     "cli": cli_cases,
 }
 
