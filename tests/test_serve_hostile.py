@@ -112,6 +112,21 @@ def test_a_bug_is_a_json_500_and_the_server_lives_on(qwen3_engine, monkeypatch):
         )
 
 
+def test_a_body_cut_short_by_its_client_logs_no_traceback(qwen3_engine, caplog):
+    """A client that declares 1000 bytes, sends 20 and leaves: nothing to answer, and nothing is a bug."""
+    with running_server(qwen3_engine) as (url, _):
+        parts = urlsplit(url)
+        for _ in range(3):
+            with socket.create_connection((parts.hostname, parts.port), timeout=10) as sock:
+                head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n"
+                sock.sendall(head.encode() + b'{"prompt": "def f(x)')
+            time.sleep(0.2)
+        ok = http("POST", url + "/v1/completions", {"model": "tiny", "prompt": "x", "max_tokens": 2})
+        assert ok.status_code == 200
+    logged = [r for r in caplog.records if r.levelno >= 30 or r.exc_info]
+    assert logged == [], [r.getMessage() for r in logged]
+
+
 def test_tokenising_runs_off_the_event_loop(qwen3_engine, monkeypatch):
     with running_server(qwen3_engine) as (url, app):
         intake_engine = app.state.intake.engine

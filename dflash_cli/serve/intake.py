@@ -9,6 +9,8 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from starlette.requests import ClientDisconnect
+
 from dflash_cli.errors import DFlashError
 from dflash_cli.serve.protocol import ApiError, GenRequest, parse_request
 
@@ -42,12 +44,18 @@ class Intake:
             await self._drain(request, int(declared))
             raise self._too_large(int(declared))
         parts, size = [], 0
-        async for part in request.stream():
-            size += len(part)
-            if size > self.limit:
-                await self._drain(request, size)
-                raise self._too_large(None)
-            parts.append(part)
+        try:
+            async for part in request.stream():
+                size += len(part)
+                if size > self.limit:
+                    await self._drain(request, size)
+                    raise self._too_large(None)
+                parts.append(part)
+        except ClientDisconnect:
+            # The client left mid-upload: nobody reads the answer, and it is no bug of ours to log.
+            raise ApiError(
+                "the client closed the connection before sending the whole body", status=499, code="client_closed"
+            ) from None
         return b"".join(parts)
 
     async def _drain(self, request: Any, size: int) -> None:
