@@ -111,6 +111,39 @@ def test_images_that_do_not_match_the_prompt_are_a_clear_error(built) -> None:
         engine.generate(ids + [5], mode="plain", max_new_tokens=2, images=images)
 
 
+def test_an_image_too_long_for_the_processor_is_one_error_in_run_and_a_400_in_serve(built, tmp_path) -> None:
+    """A 4000x16 image (aspect ratio 250, over the 200 of Qwen-VL's processor) was a ValueError traceback in
+    `dflash run --image` and a 500 in serve: now `error:` + `hint:` (exit 1) and a 400 naming the part."""
+    import base64
+
+    from PIL import Image
+    from typer.testing import CliRunner
+
+    from dflash_cli.cli.app import create_app
+    from tests.serving import http, running_server
+
+    (engine, _), _ = built
+    wide = tmp_path / "wide.png"
+    Image.new("RGB", (4000, 16)).save(wide)
+    cache = engine.compile_dir.parents[2]
+    args = ["run", "-r", str(cache.parent / "recipe.yaml"), "--cache-dir", str(cache), "--image", str(wide)]
+    result = CliRunner().invoke(create_app(), [*args, "--prompt", "x"])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), repr(result.exception)  # no traceback
+    lines = result.output.strip().splitlines()
+    assert lines[-2] == (
+        f"error: image {wide} is 4000x16 pixels: its aspect ratio 250 is over 200, "
+        "the most this model's image processor takes"
+    )
+    assert lines[-1].startswith("hint: crop the image")
+    url = "data:image/png;base64," + base64.b64encode(wide.read_bytes()).decode()
+    parts = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "x"}]
+    body = {"model": "tiny", "messages": [{"role": "user", "content": parts}], "max_tokens": 2}
+    with running_server(engine, queue_size=2) as (base, _):
+        reply = http("POST", base + "/v1/chat/completions", body)
+    assert reply.status_code == 400, reply.json()
+    assert reply.json()["error"]["message"].startswith("messages[0].content[0] is 4000x16 pixels: its aspect ratio")
+
+
 @pytest.mark.slow
 def test_run_with_images_on_the_command_line_equals_hf_generate(built, tmp_path) -> None:
     """`dflash run --image A --image B --prompt TEXT --json`: the checkpoint's image processor and chat template
@@ -185,7 +218,7 @@ def test_serve_takes_image_parts_streamed_or_not_and_refuses_bad_ones(built, tmp
             "data:image/png;base64," + base64.b64encode(huge.getvalue()).decode(): "too large",
             "https://example.com/cat.png": "remote image URLs are not fetched",
             "data:image/png;base64,@@@": "does not decode",
-            "data:image/png;base64," + base64.b64encode(b"not an image").decode(): "cannot read image",
+            "data:image/png;base64," + base64.b64encode(b"not an image").decode(): "not an image PIL can read",
             "data:text/plain;base64,aGk=": "data:image/<type>;base64",
             str(path): "local image files are not served",
             "file://" + str(path): "local image files are not served",

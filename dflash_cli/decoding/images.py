@@ -8,6 +8,8 @@ first (its chat template, resizing and normalising, image-token expansion).
 
 from __future__ import annotations
 
+import os
+import stat
 import warnings
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ from dflash_cli.errors import GenerationError
 from dflash_cli.vision_feeds import ImagePrompt
 
 MAX_IMAGE_PIXELS = 64 * 1024 * 1024  # a decoded image larger than this is refused, not resized
+QWEN_MAX_ASPECT_RATIO = 200  # transformers' Qwen2-VL smart_resize (Qwen3-VL's, Qwen3.5's) raises past it
 
 
 class ImageReader:
@@ -76,6 +79,17 @@ class ImageReader:
                 ) from None
         return self._processor
 
+    def check_shape(self, image, name: str) -> None:
+        """Refuse an image the processor would raise a ValueError on (Gemma 4's resize takes any shape)."""
+        w, h = image.size
+        ratio = max(w, h) / max(1, min(w, h))
+        if not self.gemma4 and ratio > QWEN_MAX_ASPECT_RATIO:
+            raise GenerationError(
+                f"{name} is {w}x{h} pixels: its aspect ratio {ratio:.4g} is over {QWEN_MAX_ASPECT_RATIO}, "
+                "the most this model's image processor takes",
+                hint=f"crop the image or pad its short side to at least 1/{QWEN_MAX_ASPECT_RATIO} of its long side",
+            )
+
     def encode(self, tokenizer, messages: list[dict[str, Any]], images: list) -> tuple[list[int], ImagePrompt]:
         """Chat messages whose content parts place the images ({"type": "image"}) through the tokenizer's
         chat template, and the images (PIL): each image placeholder expanded to its image tokens as the
@@ -125,7 +139,10 @@ def encode_with_images(engine, prompt: str | list[dict], images: list) -> tuple[
             f"this target ({engine.recipe.family}) takes no images",
             hint="a vision-language target does (qwen3_vl, gemma4, qwen3_5 from a multimodal checkpoint)",
         )
-    pictures = [open_image(i) if isinstance(i, (str, Path)) else i for i in images]
+    pictures = []
+    for k, i in enumerate(images):
+        pictures.append(open_image(i) if isinstance(i, (str, Path)) else i)
+        engine.images.check_shape(pictures[-1], f"image {i}" if isinstance(i, (str, Path)) else f"image {k + 1}")
     if isinstance(prompt, str):
         parts = [{"type": "image"} for _ in pictures] + [{"type": "text", "text": prompt}]
         prompt = [{"role": "user", "content": parts}]
@@ -138,18 +155,30 @@ def _parts(message: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def open_image(path: str | Path):
-    """A local image file as RGB, or a one-line error (missing, not an image, truncated, huge)."""
-    if not Path(path).is_file():
-        raise GenerationError(f"image not found: {path}", hint="give a path to a local image file")
-    return decode_image(path)
+    """A local image file as RGB, or a one-line error (missing, not a regular file, not an image, truncated, huge)."""
+    hint = "give a path to a local image file"
+    try:  # non-blocking: opening a FIFO would wait for a writer
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        raise GenerationError(f"image not found: {path}", hint=hint) from None
+    except OSError as exc:
+        raise GenerationError(f"cannot open image {path}: {exc.strerror or exc}", hint=hint) from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):  # a FIFO could block, /dev/zero never end
+        os.close(fd)
+        device = stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+        kind = "a directory" if stat.S_ISDIR(mode) else "a device" if device else "a pipe or other special file"
+        raise GenerationError(f"image {path} is {kind}, not a regular file", hint=hint)
+    with os.fdopen(fd, "rb") as f:
+        return decode_image(f, f"image {path}")
 
 
-def decode_image(source):
-    """An image file or file-like object as RGB, or a one-line GenerationError."""
+def decode_image(source, name: str | None = None):
+    """An image file or file-like object (`name`: what messages call it) as RGB, or a one-line GenerationError."""
     from PIL import Image, UnidentifiedImageError
 
     Image.MAX_IMAGE_PIXELS = MAX_IMAGE_PIXELS  # Pillow refuses twice this, and warns from it on
-    name = source if isinstance(source, (str, Path)) else "the image"
+    name = name or f"image {source}"
     hint = f"a PNG, JPEG or WebP image of at most {MAX_IMAGE_PIXELS // 2**20} megapixels"
     try:
         with warnings.catch_warnings():  # over the limit is refused below, in one line rather than a warning
@@ -157,8 +186,11 @@ def decode_image(source):
             img = Image.open(source)
         with img:
             if img.width * img.height > MAX_IMAGE_PIXELS:
-                raise GenerationError(f"image {name} is {img.width}x{img.height} pixels: too large", hint=hint)
+                raise GenerationError(f"{name} is {img.width}x{img.height} pixels: too large", hint=hint)
             img.load()
             return img.convert("RGB")
-    except (UnidentifiedImageError, OSError, Image.DecompressionBombError, SyntaxError, ValueError) as exc:
-        raise GenerationError(f"cannot read image {name}: {str(exc).splitlines()[0][:160]}", hint=hint) from None
+    except UnidentifiedImageError:  # its message holds the source's repr (a BytesIO's says nothing)
+        reason = "not an image PIL can read (an unknown format or a damaged header)"
+    except (OSError, Image.DecompressionBombError, SyntaxError, ValueError) as exc:
+        reason = str(exc).splitlines()[0][:160]
+    raise GenerationError(f"cannot read {name}: {reason}", hint=hint)

@@ -129,6 +129,8 @@ def _encode_images(engine: Any, messages: list[dict]):
         raise ApiError(f"{len(parts)} images in one request: at most {MAX_IMAGES}", param="messages")
     allowed = engine.recipe.serve.allowed_local_media_path
     pictures = [read_image(p["url"], Path(allowed) if allowed else None, p["where"]) for p in parts]
+    for picture, part in zip(pictures, parts):
+        engine.images.check_shape(picture, part["where"])  # named by its part, not its place in the list
     plain = [
         {
             "role": m["role"],
