@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-GROUPS = ("serve", "bench", "cache", "damage", "cli")
+GROUPS = ("serve", "bench", "cache", "damage", "images", "cli")
 
 
 class Source:
@@ -387,6 +387,60 @@ def cache_cases(source: Source) -> dict[str, str]:
     return out
 
 
+# --- image cases --------------------------------------------------------------------------------
+def _chat_with_image(url: str, image_url: str) -> str:
+    content = [{"type": "image_url", "image_url": {"url": image_url}}, {"type": "text", "text": "What is it?"}]
+    doc = {"messages": [{"role": "user", "content": content}], "max_tokens": 4}
+    status, first, _ = post(url, "/v1/chat/completions", json.dumps(doc).encode(), timeout=30)
+    return f"HTTP {status} · {first}"
+
+
+def image_cases(source: Source) -> dict[str, str]:
+    import base64
+    import io
+
+    from PIL import Image
+
+    from tests.fixtures.tiny_pairs import make_pair
+
+    work = source.scratch / "images"
+    media = work / "media"
+    media.mkdir(parents=True, exist_ok=True)
+    pair = make_pair(work / "pair", "qwen3_vl")
+    recipe = str(pair.write_recipe(work / "recipe.yaml", serve={"allowed_local_media_path": str(media)}))
+    source.run("build", "-r", recipe)
+    Image.new("RGB", (4000, 16), "white").save(media / "wide.png")
+    Image.new("RGB", (32, 32), "white").save(media / "ok.png")
+    (media / "adir").mkdir(exist_ok=True)
+    if not (media / "fifo").exists():
+        os.mkfifo(media / "fifo")
+    out = {}
+    run = ("run", "-r", recipe, "-p", "What is it?", "--max-new-tokens", "4", "--image")
+    for name, path in (
+        ("aspect ratio 250 (4000x16)", media / "wide.png"),
+        ("a directory", media / "adir"),
+        ("a FIFO", media / "fifo"),
+        ("/dev/zero", Path("/dev/zero")),
+    ):
+        out[f"run --image: {name}"] = source.run(*run, str(path), timeout=120)
+    wide = io.BytesIO()
+    Image.new("RGB", (4000, 16), "white").save(wide, "PNG")
+    with server(source, recipe) as (url, proc):
+        out["serve image_url: aspect ratio 250 (data URL)"] = _chat_with_image(
+            url, "data:image/png;base64," + base64.b64encode(wide.getvalue()).decode()
+        )
+        out["serve image_url: file://evil.example/..."] = _chat_with_image(url, f"file://evil.example{media}/ok.png")
+        out["serve image_url: file:// a directory"] = _chat_with_image(url, f"file://{media}/adir")
+        out["serve image_url: file:// a FIFO"] = _chat_with_image(url, f"file://{media}/fifo")
+        out["serve image_url: data URL that is not an image"] = _chat_with_image(
+            url, "data:image/png;base64," + base64.b64encode(b"not a picture at all").decode()
+        )
+        out["serve image_url: file:// a real image (control)"] = _chat_with_image(url, f"file://{media}/ok.png")
+        tracebacks = sum("Traceback (most recent call last)" in ln for ln in proc.log)
+        out["serve image cases: tracebacks in the server log"] = str(tracebacks)
+    return out
+
+
 # --- CLI cases ----------------------------------------------------------------------------------
 def cli_cases(source: Source) -> dict[str, str]:
     from tests.fixtures.tiny_pairs import write_dflash_draft, write_qwen3_target, write_recipe
@@ -440,6 +494,7 @@ RUNNERS: dict[str, Callable[[Source], dict[str, str]]] = {
     "bench": bench_cases,
     "cache": cache_cases,
     "damage": damage_cases,
+    "images": image_cases,
     "cli": cli_cases,
 }
 
