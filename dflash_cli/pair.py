@@ -81,7 +81,11 @@ def resolve_pair(
         )
     overrides = recipe.dflash
 
-    block_size = _first(getattr(overrides, "block_size", None), draft_cfg.get("block_size"))
+    # newer checkpoints keep block_size (and num_target_layers) in dflash_config; refuse_unread checks that the
+    # places a field may sit in agree
+    block_size = _first(
+        getattr(overrides, "block_size", None), draft_cfg.get("block_size"), dflash_cfg.get("block_size")
+    )
     if block_size is None:
         raise CheckpointError("draft config has no block_size", hint="set dflash.block_size in the recipe")
     if not _is_int(block_size) or block_size < 2:
@@ -97,14 +101,19 @@ def resolve_pair(
 
     num_target_layers = _required_int(target_cfg, "num_hidden_layers", "target")
     num_draft_layers = _required_int(draft_cfg, "num_hidden_layers", "draft")
-    draft_expects = draft_cfg.get("num_target_layers")
+    draft_expects = _first(draft_cfg.get("num_target_layers"), dflash_cfg.get("num_target_layers"))
     if draft_expects is not None and draft_expects != num_target_layers:
         raise CheckpointError(
             f"draft was trained for a {draft_expects}-layer target, this target has {num_target_layers} layers",
             hint="use the DFlash draft trained for this target model",
         )
 
-    layer_ids = _first(getattr(overrides, "target_layer_ids", None), dflash_cfg.get("target_layer_ids"))
+    # some configs name the taps and the mask token at the top level (as SGLang reads them): taken there too
+    layer_ids = _first(
+        getattr(overrides, "target_layer_ids", None),
+        dflash_cfg.get("target_layer_ids"),
+        draft_cfg.get("target_layer_ids"),
+    )
     if layer_ids is None:
         layer_ids = default_target_layer_ids(num_target_layers, num_draft_layers)
     layer_ids = list(layer_ids)
@@ -115,7 +124,10 @@ def resolve_pair(
         )
 
     mask = _first(
-        getattr(overrides, "mask_token_id", None), dflash_cfg.get("mask_token_id"), family.default_mask_token_id
+        getattr(overrides, "mask_token_id", None),
+        dflash_cfg.get("mask_token_id"),
+        draft_cfg.get("mask_token_id"),
+        family.default_mask_token_id,
     )
     if not _is_int(mask) or not 0 <= mask < target_vocab_size:
         raise CheckpointError(

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from dflash_cli.errors import CheckpointError
+from dflash_cli.modeling.dflash2_config import INERT, LAYER_INERT, refuse_unread_fields
 
 # tensors a speculators checkpoint may carry that a full-vocabulary draft does not use (the verifier's own)
 IGNORED_TENSORS = ("verifier_norm.weight", "verifier_lm_head.weight", "embed_tokens.weight", "lm_head.weight")
@@ -36,6 +37,8 @@ _LAYER_FIELDS = (
     "use_sliding_window",
     "hidden_act",
     "attention_bias",
+    "max_window_layers",
+    *LAYER_INERT,  # refused by convert's refuse_unread unless inert
 )
 
 
@@ -65,11 +68,15 @@ def as_zlab(cfg: dict[str, Any], where: str) -> dict[str, Any]:
             hint="set dflash.target_layer_ids in the recipe (decoder layer indices, counted from 0)",
         )
     out = {k: layer[k] for k in _LAYER_FIELDS if k in layer}
+    if cfg.get("quantization_config") is not None:
+        out["quantization_config"] = cfg["quantization_config"]
     dflash_config = {"target_layer_ids": [i - 1 for i in aux]}
     if cfg.get("mask_token_id") is not None:
         dflash_config["mask_token_id"] = cfg["mask_token_id"]
     if kind == "dflash2":  # its convolution and selector fields, at the defaults speculators' config class has
         dflash_config |= {k: cfg.get(k, default) for k, default in _DFLASH2_DEFAULTS.items()}
+        # the logit transforms a DFlash2 draft's selector reads, where a config carries them
+        dflash_config |= {k: cfg[k] for k in ("output_multiplier", "final_logit_softcapping") if k in cfg}
     out |= {
         "architectures": ["DFlash2DraftModel" if kind == "dflash2" else "DFlashDraftModel"],
         "model_type": "qwen3",
@@ -97,6 +104,8 @@ def _refuse_unsupported(cfg: dict[str, Any], layer: dict[str, Any], where: str) 
         refuse("sample_from_anchor: true (a proposal at the anchor's own position)", other)
     if cfg.get("shift_label"):
         refuse("shift_label: true (predictions shifted by one position)", other)
+    if layer.get("model_type", "qwen3") != "qwen3":  # our draft layers are Qwen3's (q_norm and k_norm)
+        refuse(f"{layer['model_type']!r} layers (transformer_layer_config.model_type)", other)
     hidden = layer.get("hidden_size")
     if cfg.get("target_hidden_size") not in (None, hidden):
         refuse(f"target_hidden_size {cfg['target_hidden_size']} (the draft's hidden size is {hidden})", other)
@@ -106,9 +115,16 @@ def _refuse_unsupported(cfg: dict[str, Any], layer: dict[str, Any], where: str) 
             f"a reduced draft vocabulary (draft_vocab_size {draft_vocab} of the target's {vocab})",
             "use a draft trained over the target's whole vocabulary",
         )
+    # a DFlash variant's knobs at the top level (DFlash2's selector and convolution ones by prefix, e.g.
+    # selector_temperature): computed (dflash2: the z-lab form's dflash_config carries them) or refused here; the
+    # rest of the top level is the config classes' own metadata (versions, verifier, proposal methods)
+    variant = {k: v for k, v in cfg.items() if k in INERT or k.startswith(("selector_", "conv_"))}
+    kind = cfg.get("speculators_model_type")
+    label = "speculators DFlash2 draft" if kind == "dflash2" else "speculators DFlash draft"
+    refuse_unread_fields(variant, label, where, dflash2=kind == "dflash2")
     kinds = layer.get("layer_types") or []
     # speculators' DFlash2 drafts are bidirectional in sliding layers unless they say otherwise; DFlash ones causal
-    non_causal = cfg.get("sliding_window_non_causal", cfg.get("speculators_model_type") == "dflash2")
+    non_causal = cfg.get("sliding_window_non_causal", kind == "dflash2")
     if "sliding_attention" in kinds and not non_causal:
         refuse(
             "sliding-window layers that are causal within the block (sliding_window_non_causal: false)",

@@ -286,6 +286,83 @@ def test_draft_with_unexpected_keys(qwen3_copy: TinyPair, tmp_path: Path) -> Non
     assert "full causal LM" in exc.value.hint
 
 
+# --- draft config fields: each one computed, or refused by name --------------------------------------------
+
+
+def edit_draft_config(pair: TinyPair, dflash_config: dict[str, Any], **top: Any) -> None:
+    """Merge into the draft's dflash_config and top level (None: remove the key)."""
+    path = pair.draft_dir / "config.json"
+    cfg = json.loads(path.read_text())
+    for section, changes in ((cfg["dflash_config"], dflash_config), (cfg, top)):
+        for key, value in changes.items():
+            if value is None:
+                section.pop(key, None)
+            else:
+                section[key] = value
+    path.write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize(
+    ("dflash_config", "top", "named"),
+    [
+        ({"use_target_norm": True}, {}, "dflash_config has use_target_norm True"),
+        ({}, {"use_target_norm": True}, "draft config has use_target_norm True"),
+        ({"attention_value_scale": 0.5}, {}, "attention_value_scale 0.5"),
+        ({"output_multiplier": 2.0}, {}, "output_multiplier 2.0"),  # DFlash2's, on a DFlash draft
+        ({"selector_top_k": 4}, {}, "selector_top_k 4"),
+        ({"causal": True}, {}, "causal True"),
+        ({"mask_token": "<|mask|>", "mask_token_id": None}, {}, "mask token '<|mask|>' but not its id"),
+        ({}, {"hidden_act": "gelu"}, "hidden_act 'gelu'"),
+        ({}, {"attention_bias": True}, "attention_bias True"),
+        ({}, {"is_causal": True}, "is_causal True"),
+        (
+            {},
+            {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
+            "partial_rotary_factor 0.5",
+        ),
+        ({"block_size": 8}, {}, "block_size 4 at its top level and 8 in dflash_config"),
+        ({}, {"target_layer_ids": [0, 3]}, "target_layer_ids [0, 3] at its top level and [1, 2] in dflash_config"),
+    ],
+)
+def test_draft_config_field_not_computed_is_refused_by_name(
+    qwen3_copy: TinyPair, tmp_path: Path, dflash_config: dict[str, Any], top: dict[str, Any], named: str
+) -> None:
+    """Run as if absent, each of these would make the draft propose other tokens than it was trained to."""
+    edit_draft_config(qwen3_copy, dflash_config, **top)
+    with pytest.raises(CheckpointError) as exc:
+        run_convert(qwen3_copy.recipe(), tmp_path / "out")
+    assert_one_line_error(exc, named)
+
+
+def test_draft_config_fields_at_their_upstream_defaults_are_accepted(qwen3_copy: TinyPair, tmp_path: Path) -> None:
+    inert = {"use_target_norm": False, "causal": False, "output_multiplier": 1.0, "projector_type": "dflash"}
+    edit_draft_config(qwen3_copy, {**inert, "mask_token": "<|mask|>"}, is_causal=False, hidden_act="silu")
+    run_convert(qwen3_copy.recipe(), tmp_path / "out")
+
+
+def test_block_size_and_target_depth_are_read_from_dflash_config(qwen3_copy: TinyPair, tmp_path: Path) -> None:
+    """Newer checkpoints keep them there only: read, not refused for a missing top-level block_size."""
+    edit_draft_config(qwen3_copy, {"block_size": 4, "num_target_layers": 36}, block_size=None, num_target_layers=None)
+    with pytest.raises(CheckpointError) as exc:
+        run_convert(qwen3_copy.recipe(), tmp_path / "deep")
+    assert_one_line_error(exc, "36-layer target")
+    edit_draft_config(qwen3_copy, {"num_target_layers": 4})
+    run_convert(qwen3_copy.recipe(), tmp_path / "out")
+    info = PairInfo.from_json((tmp_path / "out" / "pair.json").read_text())
+    assert info.block_size == 4
+    resolved = json.loads((tmp_path / "out" / "draft" / "config.json").read_text())
+    assert resolved["block_size"] == 4 and "block_size" not in resolved["dflash_config"]
+
+
+def test_taps_and_mask_token_are_read_from_the_top_level(qwen3_copy: TinyPair, tmp_path: Path) -> None:
+    """Where a config names them there only (as SGLang reads them), not the defaults in their place."""
+    edit_draft_config(qwen3_copy, {"target_layer_ids": None, "mask_token_id": None}, target_layer_ids=[0, 3])
+    edit_draft_config(qwen3_copy, {}, mask_token_id=7)
+    run_convert(qwen3_copy.recipe(), tmp_path / "out")
+    info = PairInfo.from_json((tmp_path / "out" / "pair.json").read_text())
+    assert (info.target_layer_ids, info.mask_token_id) == ((0, 3), 7)
+
+
 def test_default_target_layer_ids() -> None:
     assert default_target_layer_ids(36, 5) == [1, 9, 17, 25, 33]  # published Qwen3-8B draft
     assert default_target_layer_ids(32, 5) == [1, 8, 15, 22, 29]

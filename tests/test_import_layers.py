@@ -22,7 +22,7 @@ LAYERS = {
     "checkpoints": 0,
     "weights": 0,
     "text_path": 0,  # a multimodal checkpoint's text path: config and weight names (convert)
-    "speculators_format": 0,  # a speculators-format draft config read as z-lab's (convert)
+    "speculators_format": 1,  # a speculators draft config read as z-lab's, checked by modeling's tables (convert)
     "recipe": 0,
     "recipe_files": 0,  # finding recipes by name or path (recipe.py loads them)
     "cache": 0,

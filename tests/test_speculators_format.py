@@ -93,6 +93,9 @@ def test_decodes_exactly_as_its_zlab_form(pairs, tmp_path):
         ({"sample_from_anchor": True}, "sample_from_anchor"),
         ({"aux_hidden_state_layer_ids": [0, 2]}, "aux_hidden_state_layer_ids"),
         ({"speculators_model_type": "eagle3"}, "speculators 'eagle3' model"),
+        ({"use_target_norm": True}, "speculators DFlash draft has use_target_norm True"),
+        ({"selector_temperature": 0.7}, "selector_temperature 0.7"),  # a DFlash2 knob, on a DFlash draft
+        ({"quantization_config": {"quant_method": "fp8"}}, "quantization_config"),
     ],
 )
 def test_refuses_what_it_does_not_compute(pairs, tmp_path, fields, named):
@@ -122,6 +125,29 @@ def test_refuses_layers_causal_within_the_block(pairs, tmp_path):
         build_recipe(replace(zlab, draft_dir=draft), tmp_path / "build")
 
 
+@pytest.mark.parametrize(
+    ("layer", "named"),
+    [
+        ({"model_type": "llama"}, "'llama' layers"),
+        ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
+        ({"use_target_norm": True}, "use_target_norm True"),
+    ],
+)
+def test_refuses_layers_it_does_not_compute(pairs, tmp_path, layer, named):
+    from dataclasses import replace
+
+    from dflash_cli.errors import CheckpointError
+    from tests.engines import build_recipe
+
+    zlab, _ = pairs
+    draft = as_speculators(zlab.draft_dir, tmp_path / "draft")
+    cfg = json.loads((draft / "config.json").read_text())
+    cfg["transformer_layer_config"] |= layer
+    (draft / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match=named):
+        build_recipe(replace(zlab, draft_dir=draft), tmp_path / "build")
+
+
 def test_a_dflash2_draft_decodes_exactly_as_its_published_form(tmp_path):
     from dataclasses import replace
 
@@ -137,3 +163,38 @@ def test_a_dflash2_draft_decodes_exactly_as_its_published_form(tmp_path):
         prompt = list(map(int, rng.integers(2, a.tokenizer.vocab_size, size=n)))
         ra, rb = (e.generate(prompt, mode="dflash", max_new_tokens=16) for e in (a, b))
         assert rb.tokens == ra.tokens and rb.accept_lengths == ra.accept_lengths
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"selector_temperature": 0.7}, "speculators DFlash2 draft has selector_temperature 0.7"),
+        ({"use_target_norm": True}, "use_target_norm True"),
+    ],
+)
+def test_a_dflash2_draft_refuses_what_it_does_not_compute(tmp_path, fields, named):
+    """Its z-lab form refuses these in dflash_config; at a speculators config's top level they must not be dropped."""
+    from dataclasses import replace
+
+    from dflash_cli.errors import CheckpointError
+    from tests.engines import build_recipe
+    from tests.fixtures.tiny_dflash2 import make_dflash2_pair
+
+    v2 = make_dflash2_pair(tmp_path / "pair", "qwen3")
+    spec = replace(v2, draft_dir=as_speculators(v2.draft_dir, tmp_path / "draft", **fields))
+    with pytest.raises(CheckpointError, match=named):
+        build_recipe(spec, tmp_path / "build")
+
+
+def test_a_dflash2_drafts_logit_transforms_are_computed():
+    """output_multiplier and final_logit_softcapping at a speculators DFlash2 config's top level reach the
+    selector as they do from a z-lab dflash_config."""
+    from dflash_cli.modeling.dflash2_config import spec_of
+    from dflash_cli.speculators_format import as_zlab
+
+    layer = {"hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 400}
+    cfg = {"speculators_model_type": "dflash2", "transformer_layer_config": layer, "aux_hidden_state_layer_ids": [2, 3]}
+    spec = spec_of(as_zlab(cfg | {"output_multiplier": 0.5, "final_logit_softcapping": 20.0}, "config.json"))
+    assert (spec.output_multiplier, spec.softcap) == (0.5, 20.0)
+    plain = spec_of(as_zlab(cfg, "config.json"))
+    assert (plain.output_multiplier, plain.softcap) == (1.0, None)

@@ -1,4 +1,5 @@
-"""What a DFlash2 draft's config.json says beyond a DFlash draft's, and the tensors it adds (no torch: convert
+"""What a DFlash2 draft's config.json says beyond a DFlash draft's, the tensors it adds, and the fields of any
+draft's config that change what it computes but that dflash does not compute, refused by name (no torch: convert
 reads this). The modules are in dflash2.py."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from typing import Any
 from dflash_cli.errors import CheckpointError, RecipeError
 
 ARCHITECTURE = "DFlash2DraftModel"
-# dflash_config fields a DFlash2 draft may carry, and whether they change what we compute
+# dflash_config fields a DFlash2 draft may carry (spec_of computes them)
 _FIELDS = {
     "conv_kernel_size",
     "conv_group_size",
@@ -18,8 +19,40 @@ _FIELDS = {
     "output_multiplier",
     "final_logit_softcapping",
 }
-# fields of the plain DFlash draft that every draft's dflash_config may carry
-_DFLASH_FIELDS = {"mask_token_id", "target_layer_ids", "block_size", "causal"}
+# dflash_config fields every draft may carry: pair.py reads them (mask_token names mask_token_id's token)
+_DFLASH_FIELDS = {"mask_token_id", "target_layer_ids", "block_size", "num_target_layers", "mask_token"}
+# Fields that change what a draft computes only away from these values (the upstream defaults), in dflash_config
+# or, for a speculators draft, at its top level; at any other value they are refused, as is every dflash_config
+# field in none of these tables. use_target_norm's upstream meaning could not be established, so it is refused
+# rather than guessed at. The DFlash2 fields are computed on a DFlash2 draft only.
+INERT = {
+    "causal": (False,),
+    "use_target_norm": (False,),
+    "sample_from_anchor": (False,),
+    "shift_label": (False,),
+    "projector_type": ("dflash",),
+    "attention_sink_bias": (False,),
+    "attention_value_scale": (),
+    "input_embedding_scale": (1.0,),
+    "output_multiplier": (1.0,),
+    "final_logit_softcapping": (0,),
+    "conv_kernel_size": (0,),
+    "conv_group_size": (0,),
+    "selector_rank": (0,),
+    "selector_top_k": (0,),
+}
+# Fields of the draft's layers (the config's top level) that change what they compute away from these values
+LAYER_INERT = {
+    "hidden_act": ("silu", "swish"),  # the MLP is SwiGLU
+    "attention_bias": (False,),
+    "mlp_bias": (False,),
+    "is_causal": (False,),  # the block attends to itself both ways
+    "use_target_norm": (False,),
+    "partial_rotary_factor": (1.0,),  # draft layers rotate the whole head
+    "is_neox_style": (True,),  # rotate_half RoPE, as Qwen3's
+    "rope_is_neox_style": (True,),
+    "quantization_config": (),  # weights are read as plain tensors
+}
 
 
 @dataclass(frozen=True)
@@ -45,17 +78,7 @@ def spec_of(cfg: dict[str, Any], where: str = "draft config") -> Dflash2Spec | N
     if not is_dflash2(cfg):
         return None
     dfc = cfg.get("dflash_config") or {}
-    unknown = sorted(set(dfc) - _FIELDS - _DFLASH_FIELDS)
-    if unknown:
-        raise CheckpointError(
-            f"DFlash2 draft's dflash_config has {', '.join(unknown)}, which dflash does not compute: {where}",
-            hint="this draft variant is not supported yet; use a DFlash or DFlash2 draft without it",
-        )
-    if dfc.get("causal"):
-        raise CheckpointError(
-            f"DFlash2 draft is causal within the block (dflash_config.causal), which dflash does not compute: {where}",
-            hint="use a draft trained with a bidirectional block (causal: false)",
-        )
+    refuse_unread_fields(dfc, "DFlash2 draft's dflash_config", where, dflash2=True)
     required = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
     missing = [k for k in required if not _pos(dfc, k)]
     if missing:
@@ -88,6 +111,65 @@ def spec_of(cfg: dict[str, Any], where: str = "draft config") -> Dflash2Spec | N
             hint="the checkpoint's config.json is inconsistent",
         )
     return spec
+
+
+def unread_fields(fields: dict[str, Any], *, dflash2: bool) -> list[str]:
+    """`name value` of each field in `fields` (a dflash_config) that would change what the draft computes and
+    that dflash does not compute: unknown ones, and those of INERT away from their inert values."""
+    computed = _DFLASH_FIELDS | (_FIELDS if dflash2 else set())
+    return [
+        f"{k} {v!r}"
+        for k, v in sorted(fields.items())
+        if k not in computed and (k not in INERT or (v is not None and v not in INERT[k]))
+    ]
+
+
+def refuse_unread_fields(fields: dict[str, Any], what: str, where: str, *, dflash2: bool) -> None:
+    unread = unread_fields(fields, dflash2=dflash2)
+    if unread:
+        raise CheckpointError(
+            f"{what} has {', '.join(unread)}, which dflash does not compute: {where}", hint=_hint(unread[0])
+        )
+
+
+def refuse_unread(cfg: dict[str, Any], where: str) -> None:
+    """Refuse a draft config (z-lab form) carrying a field that would change what the draft computes and that
+    dflash does not compute, naming it: at convert, before any weight is read. Run as if the field were absent,
+    the draft would propose other tokens than it was trained to."""
+    dfc = cfg.get("dflash_config") or {}
+    refuse_unread_fields(dfc, f"{_kind(cfg)} draft's dflash_config", where, dflash2=is_dflash2(cfg))
+    if dfc.get("mask_token") is not None and dfc.get("mask_token_id", cfg.get("mask_token_id")) is None:
+        raise CheckpointError(
+            f"draft's dflash_config names its mask token {dfc['mask_token']!r} but not its id: {where}",
+            hint="add that token's id to the draft's dflash_config as mask_token_id",
+        )
+    rope = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
+    layer = {k: v for k, v in {**cfg, **rope}.items() if k in LAYER_INERT and v is not None}
+    changed = [f"{k} {v!r}" for k, v in sorted(layer.items()) if v not in LAYER_INERT[k]]
+    if changed:
+        raise CheckpointError(
+            f"{_kind(cfg)} draft config has {', '.join(changed)}, which dflash does not compute: {where}",
+            hint=_hint(changed[0]),
+        )
+    # pair.py reads these from dflash_config or the top level: where both say them, they must agree
+    for key in ("block_size", "num_target_layers", "target_layer_ids", "mask_token_id"):
+        if None not in (cfg.get(key), dfc.get(key)) and cfg[key] != dfc[key]:
+            raise CheckpointError(
+                f"draft config says {key} {cfg[key]} at its top level and {dfc[key]} in dflash_config: {where}",
+                hint="the checkpoint's config.json is inconsistent",
+            )
+
+
+def _kind(cfg: dict[str, Any]) -> str:
+    return "DFlash2" if is_dflash2(cfg) else "DFlash"
+
+
+def _hint(first: str) -> str:
+    if first.startswith("use_target_norm"):
+        return "its upstream meaning is not established, so dflash refuses it rather than guess; use a draft without it"
+    if first.startswith("causal"):
+        return "use a draft trained with a bidirectional block (causal: false)"
+    return "this draft variant is not supported yet; use a DFlash or DFlash2 draft without it"
 
 
 def _pos(d: dict, key: str) -> bool:

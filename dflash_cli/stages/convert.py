@@ -23,6 +23,7 @@ from typing import Any
 
 from dflash_cli import checkpoints as ckpt
 from dflash_cli.errors import CheckpointError
+from dflash_cli.modeling.dflash2_config import refuse_unread
 from dflash_cli.pair import PAIR_FILE, PairInfo, draft_weight_shapes, resolve_pair
 from dflash_cli.speculators_format import IGNORED_TENSORS, as_zlab, is_speculators
 from dflash_cli.stages.base import StageContext
@@ -40,8 +41,9 @@ TOKENIZER_MARKERS = ("tokenizer.json", "tokenizer.model", "vocab.json")
 class ConvertStage:
     name = "convert"
     # 3: the text path of multimodal checkpoints (Qwen3.5); 4: stacked experts (MoE); 5: Gemma 4, Qwen3.5's tower;
-    # 6: DFlash2 drafts and speculators-format drafts
-    version = 6
+    # 6: DFlash2 drafts and speculators-format drafts; 7: a draft config field we do not compute is refused by
+    # name (a cached artifact of such a draft must not outlive the check)
+    version = 7
     upstream: tuple[str, ...] = ()
     tools: tuple[str, ...] = ()  # reads headers and links files: only its own version matters
 
@@ -125,6 +127,8 @@ def describe(recipe: Any) -> Described:
     _check_layer_kinds(target_dir, target_cfg, "target")
     _check_gemma4(target_dir, target_cfg)
     _check_layer_kinds(draft_dir, draft_cfg, "draft")
+    if isinstance(draft_cfg.get("dflash_config"), dict):  # a DFlash draft (else resolve_pair says it is none)
+        refuse_unread(draft_cfg, str(draft_dir / ckpt.CONFIG_FILE))  # a field we would otherwise ignore: by name
     _check_tokenizer(target_dir)
     images = _family_has(target_cfg.get("model_type"), "vision") and takes_images(recipe)
     vision = vision_config(raw_target_cfg) if images else None
@@ -350,8 +354,9 @@ def _resolved_draft_config(draft_cfg: dict[str, Any], pair: PairInfo, target_cfg
         cfg["embed_scale"] = embed_scale(int(target_cfg["hidden_size"]), target_cfg.get("dtype"))
     cfg["block_size"] = pair.block_size
     cfg["num_target_layers"] = pair.num_target_layers
-    cfg["dflash_config"] = {
-        **draft_cfg.get("dflash_config", {}),
+    kept = {k: v for k, v in draft_cfg.get("dflash_config", {}).items() if k not in ("block_size", "num_target_layers")}
+    cfg["dflash_config"] = {  # block_size and num_target_layers: their resolved values are the top level's
+        **kept,
         "mask_token_id": pair.mask_token_id,
         "target_layer_ids": list(pair.target_layer_ids),
     }
