@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-GROUPS = ("serve", "bench", "cache", "damage", "images", "cli")
+GROUPS = ("serve", "bench", "cache", "damage", "images", "drafts", "cli")
 
 
 class Source:
@@ -441,6 +441,32 @@ def image_cases(source: Source) -> dict[str, str]:
     return out
 
 
+# --- draft config cases ---------------------------------------------------------------------------
+def draft_cases(source: Source) -> dict[str, str]:
+    from tests.fixtures.tiny_dflash2 import make_dflash2_pair
+    from tests.fixtures.tiny_pairs import make_pair
+    from tests.test_speculators_format import as_speculators
+
+    work = source.scratch / "drafts"
+    out = {}
+    zlab = make_pair(work / "zlab", "qwen3")
+    config = zlab.draft_dir / "config.json"
+    doc = json.loads(config.read_text())
+    doc["dflash_config"]["use_target_norm"] = True
+    config.write_text(json.dumps(doc))
+    recipe = zlab.write_recipe(work / "zlab.yaml")
+    out["z-lab draft with dflash_config.use_target_norm true"] = source.run(
+        "build", "-r", str(recipe), "--upto", "convert"
+    )
+    v2 = make_dflash2_pair(work / "v2", "qwen3")
+    spec = as_speculators(v2.draft_dir, work / "v2-speculators", selector_temperature=0.7)
+    recipe = v2.write_recipe(work / "v2.yaml", draft={"path": str(spec)})
+    out["speculators DFlash2 draft with selector_temperature 0.7"] = source.run(
+        "build", "-r", str(recipe), "--upto", "convert"
+    )
+    return out
+
+
 # --- CLI cases ----------------------------------------------------------------------------------
 def cli_cases(source: Source) -> dict[str, str]:
     from tests.fixtures.tiny_pairs import write_dflash_draft, write_qwen3_target, write_recipe
@@ -495,6 +521,7 @@ RUNNERS: dict[str, Callable[[Source], dict[str, str]]] = {
     "cache": cache_cases,
     "damage": damage_cases,
     "images": image_cases,
+    "drafts": draft_cases,
     "cli": cli_cases,
 }
 
