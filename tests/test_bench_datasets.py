@@ -177,3 +177,14 @@ def test_dataset_name() -> None:
     assert dataset_name("humaneval") == "humaneval"
     assert dataset_name("/data/gsm8k.jsonl") == "gsm8k"
     assert dataset_name("prompts.txt") == "prompts"
+
+
+@pytest.mark.parametrize(
+    ("name", "make", "said"), [("gone.png", None, "is not found"), ("adir", "dir", "is a directory")]
+)
+def test_an_image_row_says_what_its_path_is(tmp_path: Path, name: str, make: str | None, said: str) -> None:
+    if make == "dir":
+        (tmp_path / name).mkdir()
+    data = _write_jsonl(tmp_path / "rows.jsonl", [{"prompt": "what is here?", "images": [name]}])
+    with pytest.raises(DatasetError, match=f"line 1 of .*: image .*{name} {said}"):
+        load_dataset(str(data))

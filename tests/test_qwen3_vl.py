@@ -282,7 +282,7 @@ def test_bench_rows_with_images(built, tmp_path) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"prompt": "x", "images": ["missing.png"]}) + "\n")
     result = CliRunner().invoke(create_app(), ["bench", *common, "--dataset", str(bad), "--max-new-tokens", "4"])
-    assert result.exit_code != 0 and "image file not found" in result.output
+    assert result.exit_code != 0 and "missing.png is not found" in result.output
 
 
 @pytest.mark.slow

@@ -191,11 +191,10 @@ def _images(path: Path, lineno: int, value, turns: int) -> tuple[str, ...]:
             f"{where}: `images` go with single-turn prompts only", hint="give one `prompt` per image row"
         )
     files = [Path(v) if Path(v).is_absolute() else path.parent / v for v in value]
-    missing = [str(f) for f in files if not f.is_file()]
-    if missing:
-        raise DatasetError(
-            f"{where}: image file not found: {missing[0]}", hint="paths are relative to the dataset file"
-        )
+    for f in files:
+        if not f.is_file():  # it exists but is no file: say what it is (decoding/images.py reads only files)
+            what = "not found" if not f.exists() else "a directory" if f.is_dir() else "not a regular file"
+            raise DatasetError(f"{where}: image {f} is {what}", hint="paths are relative to the dataset file")
     return tuple(str(f) for f in files)
 
 
