@@ -5,13 +5,16 @@ whether each form's rows are the same whatever the number of rows in the call (i
         [--layers 4] [--rows 1,2,4,8,16] [--reps 15] [--out F.json]
 
 One decoder layer's projections at the given shape (Qwen3-4B by default: q/k/v stacked, o, gate/up
-stacked, down), `--layers` copies, as three graphs with random weights:
+stacked, down), `--layers` copies, as one graph per form with random weights:
 
 * `nbits`: `MatMulNBits` int4, block 32, accuracy level 4 (int8 activations), as the int4 compile makes;
 * `int8-rowq`: each activation row quantised on its own (symmetric int8, scale absmax/127, computed in the
   graph), `MatMulInteger` with int8 weights (one scale per output column), the int32 sums scaled back:
   integer sums are exact, so a row's result cannot depend on the other rows;
-* `u8-rowq`: the same with the row shifted to uint8 (zero point 128), the u8 x s8 form MLAS favours.
+* `u8-rowq`: the same with the row shifted to uint8 (zero point 128), the u8 x s8 form MLAS favours;
+* `nbits8`: `MatMulNBits` with 8-bit weights (today's int8 precision);
+* `u8-group`: `u8-rowq` with one activation scale per row and 256 inputs (and one weight scale per 256
+  inputs and column), as a batched `MatMulInteger` over the groups, summed in float over the groups.
 
 Each graph runs at every row count on ONNX Runtime's CPU provider (intra-op threads = cores); medians of
 `--reps` calls, ms per call and per added row, effective weight GB/s and integer GOP/s. Invariance: the
@@ -29,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+GROUP = 256  # u8-group: inputs per activation scale (and per weight scale along K)
+
 
 def shapes(a: argparse.Namespace) -> list[tuple[int, int]]:
     q, kv = a.heads * a.head_dim, a.kv * a.head_dim
@@ -40,7 +45,21 @@ def graph(kind: str, mats: list[tuple[int, int]], copies: int) -> bytes:
 
     rng = np.random.default_rng(0)
     nodes, inits, outs = [], [], []
-    if kind != "nbits":  # the row's own scale and int8 codes, once for each input width
+    if kind == "u8-group":  # each row's groups of GROUP inputs quantised on their own: [K/G, rows, G]
+        for k in sorted({k for k, _ in mats}):
+            x = f"x{k}"
+            inits.append(numpy_helper.from_array(np.array([-1, k // GROUP, GROUP], np.int64), f"{x}_shape"))
+            nodes += [
+                helper.make_node("Reshape", [x, f"{x}_shape"], [f"{x}_r"]),
+                helper.make_node("Transpose", [f"{x}_r"], [f"{x}_t"], perm=[1, 0, 2]),
+                helper.make_node("Abs", [f"{x}_t"], [f"{x}_abs"]),
+                helper.make_node("ReduceMax", [f"{x}_abs", "last"], [f"{x}_max"], keepdims=1),
+                helper.make_node("Max", [f"{x}_max", "tiny"], [f"{x}_m"]),
+                helper.make_node("Div", [f"{x}_m", "c127"], [f"{x}_gs"]),
+                helper.make_node("Div", [f"{x}_t", f"{x}_gs"], [f"{x}_d"]),
+                helper.make_node("QuantizeLinear", [f"{x}_d", "one", "zp"], [f"{x}_gq"]),
+            ]
+    elif kind not in ("nbits", "nbits8"):  # the row's own scale and int8 codes, once for each input width
         for k in sorted({k for k, _ in mats}):
             x = f"x{k}"
             nodes += [
@@ -57,6 +76,7 @@ def graph(kind: str, mats: list[tuple[int, int]], copies: int) -> bytes:
             ]
     inits += [
         numpy_helper.from_array(np.array([-1], np.int64), "last"),
+        numpy_helper.from_array(np.array([0], np.int64), "first"),
         numpy_helper.from_array(np.array(1e-12, np.float32), "tiny"),
         numpy_helper.from_array(np.array(127.0, np.float32), "c127"),
         numpy_helper.from_array(np.array(1.0, np.float32), "one"),
@@ -66,9 +86,10 @@ def graph(kind: str, mats: list[tuple[int, int]], copies: int) -> bytes:
     for c in range(copies):
         for i, (k, n) in enumerate(mats):
             name, x = f"w{c}_{i}", f"x{k}"
-            if kind == "nbits":
+            if kind in ("nbits", "nbits8"):
+                bits = 4 if kind == "nbits" else 8
                 blocks = k // 32
-                packed = rng.integers(0, 256, (n, blocks, 16), dtype=np.uint8)
+                packed = rng.integers(0, 256, (n, blocks, 32 * bits // 8), dtype=np.uint8)
                 scales = (rng.random(n * blocks, dtype=np.float32) + 0.5) * 0.01
                 inits += [numpy_helper.from_array(packed, name), numpy_helper.from_array(scales, name + "_s")]
                 nodes.append(
@@ -79,11 +100,23 @@ def graph(kind: str, mats: list[tuple[int, int]], copies: int) -> bytes:
                         domain="com.microsoft",
                         K=k,
                         N=n,
-                        bits=4,
+                        bits=bits,
                         block_size=32,
                         accuracy_level=4,
                     )
                 )
+            elif kind == "u8-group":
+                g = GROUP
+                w = rng.integers(-127, 128, (k // g, g, n), dtype=np.int8)
+                col = (rng.random((k // g, 1, n), dtype=np.float32) + 0.5) * 0.001
+                inits += [numpy_helper.from_array(w, name), numpy_helper.from_array(col, name + "_c")]
+                nodes += [
+                    helper.make_node("MatMulInteger", [f"{x}_gq", name, "zp"], [name + "_i"]),
+                    helper.make_node("Cast", [name + "_i"], [name + "_f"], to=TensorProto.FLOAT),
+                    helper.make_node("Mul", [name + "_f", f"{x}_gs"], [name + "_r"]),
+                    helper.make_node("Mul", [name + "_r", name + "_c"], [name + "_p"]),
+                    helper.make_node("ReduceSum", [name + "_p", "first"], [name + "_y"], keepdims=0),
+                ]
             else:
                 w = rng.integers(-127, 128, (k, n), dtype=np.int8)
                 col = (rng.random(n, dtype=np.float32) + 0.5) * 0.001
@@ -114,7 +147,7 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--rows", default="1,2,4,8,16")
     ap.add_argument("--reps", type=int, default=15)
-    ap.add_argument("--kinds", default="nbits,int8-rowq,u8-rowq")
+    ap.add_argument("--kinds", default="nbits,nbits8,u8-rowq,u8-group")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     import onnxruntime as ort
@@ -128,12 +161,12 @@ def main() -> int:
     for m in rows:  # every call's first row is the same row
         for k in widths:
             feeds[m][f"x{k}"][0] = feeds[rows[0]][f"x{k}"][0]
-    report: dict = {"shape": vars(args), "macs_per_row": macs_per_row, "kinds": {}}
+    report: dict = {"shape": {k: str(v) for k, v in vars(args).items()}, "macs_per_row": macs_per_row, "kinds": {}}
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = os.cpu_count() or 1
     for kind in args.kinds.split(","):
         sess = ort.InferenceSession(graph(kind, mats, args.layers), opts, providers=["CPUExecutionProvider"])
-        weight_bytes = macs_per_row * (0.5 + 4 / 32 if kind == "nbits" else 1)
+        weight_bytes = macs_per_row * {"nbits": 0.5 + 4 / 32, "nbits8": 1 + 4 / 32}.get(kind, 1)
         first = None
         by_rows = {}
         for m in rows:
