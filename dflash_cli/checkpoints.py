@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 Role = Literal["target", "draft"]
 
 CONFIG_FILE = "config.json"
+SOURCE_CONFIG_FILE = "source_config.json"  # convert's copy of a checkpoint's config.json where its own differs
 GENERATION_CONFIG_FILE = "generation_config.json"
 SINGLE_WEIGHTS_FILE = "model.safetensors"
 SHARD_INDEX_FILE = "model.safetensors.index.json"

@@ -19,6 +19,7 @@ from dflash_cli.decoding.modes import MODES, canonical
 from dflash_cli.decoding.result import GenerationResult
 from dflash_cli.decoding.sampling import SamplingConfig
 from dflash_cli.decoding.target_calls import TimedSession
+from dflash_cli.decoding.tokenizer import load_tokenizer
 from dflash_cli.decoding.verify_length import VerifyBudget
 from dflash_cli.errors import BackendError, GenerationError
 from dflash_cli.vision_feeds import ImagePrompt
@@ -34,8 +35,6 @@ class Artifacts:
 
 class Engine:
     def __init__(self, recipe: Any, artifacts: Artifacts) -> None:
-        from transformers import AutoTokenizer
-
         self.recipe = recipe
         self.recipe_name = recipe.name
         self.artifact_keys = dict(artifacts.keys)
@@ -53,7 +52,7 @@ class Engine:
         self.vocab_size: int = pair["vocab_size"]
         self.hidden_size: int = pair["hidden_size"]
         self.eos_token_ids: list[int] = list(pair.get("eos_token_ids") or [])
-        self.tokenizer = AutoTokenizer.from_pretrained(str(artifacts.inject / "target"))
+        self.tokenizer = load_tokenizer(artifacts.inject / "target")
         if self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in self.eos_token_ids:
             self.eos_token_ids.append(self.tokenizer.eos_token_id)
         backend = recipe.compile.backend

@@ -7,6 +7,7 @@ Nothing here loads a tensor: shapes come from the safetensors headers.
 
 Output layout (names are the contract for `inject`):
   target/config.json, target/weights.json (Hugging Face keys, lm_head.weight always named),
+  target/source_config.json (the checkpoint's own config.json, where config.json is its text path's),
   target/<the checkpoint's safetensors files and shard index>, target/<generation config, tokenizer>
   draft/config.json (block_size, num_target_layers, dflash_config resolved),
   draft/weights.json (z-lab keys exactly), draft/<safetensors files>
@@ -114,6 +115,7 @@ class Described:
     pair: PairInfo
     target: WeightStore  # the target checkpoint's tensors, by their headers
     vision_cfg: dict[str, Any] | None = None  # a vision-language target's tower config and image token ids
+    raw_target_cfg: dict[str, Any] | None = None  # the checkpoint's config.json as it is (its tokenizer's class)
 
 
 def describe(recipe: Any) -> Described:
@@ -149,7 +151,7 @@ def describe(recipe: Any) -> Described:
         int(target.shape(EMBED_KEY)[0]),
         generation_cfg=ckpt.load_generation_config(target_dir),
     )
-    return Described(target_dir, draft_dir, target_cfg, draft_cfg, pair, target, vision)
+    return Described(target_dir, draft_dir, target_cfg, draft_cfg, pair, target, vision, raw_target_cfg)
 
 
 def write_configs(out_dir: Path, described: Described) -> None:
@@ -157,6 +159,9 @@ def write_configs(out_dir: Path, described: Described) -> None:
     for sub in (TARGET_DIR, DRAFT_DIR):
         (out_dir / sub).mkdir(parents=True, exist_ok=True)
     _write_json(out_dir / TARGET_DIR / ckpt.CONFIG_FILE, described.target_cfg)
+    if described.raw_target_cfg is not None and described.raw_target_cfg != described.target_cfg:
+        # config.json above is the text path's; Hugging Face picks the tokenizer's class from the checkpoint's own
+        _write_json(out_dir / TARGET_DIR / ckpt.SOURCE_CONFIG_FILE, described.raw_target_cfg)
     if described.vision_cfg is not None:
         _write_json(out_dir / TARGET_DIR / VISION_CONFIG_FILE, described.vision_cfg)
     draft_cfg = _resolved_draft_config(described.draft_cfg, described.pair, described.target_cfg)
