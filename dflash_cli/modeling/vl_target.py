@@ -34,7 +34,20 @@ def mrope_axes(head_dim: int, section: list[int]) -> torch.Tensor:
 def mrope_axes_of(hf_config, head_dim: int) -> torch.Tensor:
     """mrope_axes over the rotated part of the head (Qwen3.5 rotates a quarter of it)."""
     params = getattr(hf_config, "rope_parameters", None) or {}
-    return mrope_axes(int(head_dim * params.get("partial_rotary_factor", 1.0)), params["mrope_section"])
+    return mrope_axes(int(head_dim * params.get("partial_rotary_factor", 1.0)), mrope_section_of(hf_config))
+
+
+def mrope_section_of(hf_config) -> list[int]:
+    """M-RoPE's (t, h, w) split as Hugging Face's model takes it: the config's, or where the config leaves it
+    out, the default of the model's own rotary embedding (Qwen3.5 [11, 11, 10], Qwen3-VL [24, 20, 20])."""
+    import importlib
+
+    params = getattr(hf_config, "rope_parameters", None) or {}
+    if params.get("mrope_section") is not None:
+        return list(params["mrope_section"])
+    modeling = importlib.import_module(type(hf_config).__module__.replace(".configuration_", ".modeling_"))
+    rotary = next(cls for name, cls in vars(modeling).items() if name.endswith("TextRotaryEmbedding"))
+    return list(rotary(hf_config).mrope_section)
 
 
 def mrope_cos_sin(rotary, rope_position_ids: torch.Tensor, axes: torch.Tensor):
