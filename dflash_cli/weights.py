@@ -247,13 +247,6 @@ def write_index(root: Path, entries: dict[str, tuple[str, str]], stacks: dict[st
     (Path(root) / WEIGHTS_INDEX).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
 
 
-def write_hf_index(root: Path, entries: dict[str, tuple[str, str]]) -> None:
-    """A Hugging Face shard index for the names stored under their own key (so transformers can load the dir)."""
-    weight_map = {name: f for name, (f, k) in sorted(entries.items()) if name == k}
-    data = {"metadata": {}, "weight_map": weight_map}
-    (Path(root) / ckpt.SHARD_INDEX_FILE).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-
-
 def link_or_copy(src: Path, dst: Path) -> str:
     """Hard-link `src` to `dst` (no bytes copied); copy when linking is impossible. Returns "link" or "copy"."""
     src = Path(src).resolve()  # Hugging Face cache snapshots are symlinks to blobs

@@ -100,10 +100,6 @@ class BatchedTarget:
                 self._sessions[n] = _open(self.path, self._settings, self._initializers, model)
             return self._sessions[n]
 
-    @property
-    def batch_sizes_open(self) -> list[int]:
-        return sorted(self._sessions)
-
     def run(self, slots: list[int], feeds: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
         """One call for every (slot, feeds) whose rows fit beside the others'; each sequence's outputs [1, w, ...]."""
         widths = [np.asarray(f["input_ids"]).shape[1] for f in feeds]

@@ -20,7 +20,7 @@ from dflash_cli.cli.common import (
     pick_recipe,
     print_json,
 )
-from dflash_cli.decoding.modes import ALIASES, DRAFTER_MODES, MODES, MODES_INFO
+from dflash_cli.decoding.modes import ALIASES, MODES, MODES_INFO
 from dflash_cli.recipe import DEFAULT_RECIPE
 
 
@@ -100,7 +100,7 @@ def run_command(
     prompt = _read_prompt(prompt)
     r = load_recipe(recipe, set_ or [])
     run = r.run
-    decode_mode = decode_mode or DRAFTER_MODES[run.drafter]
+    decode_mode = decode_mode or run.drafter  # a speculative mode's own name
     with build_progress() as on_event:
         # Same as `dflash bench`: stages not yet built are built (progress on stderr); cached ones are silent.
         engine = build_engine(r, Cache(cache_dir), lambda e: None if e.message == "cached" else on_event(e))

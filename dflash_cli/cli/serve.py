@@ -16,7 +16,6 @@ from dflash_cli.cli.common import (
     handle_errors,
     pick_recipe,
 )
-from dflash_cli.decoding.modes import DRAFTER_MODES
 from dflash_cli.recipe import DEFAULT_RECIPE
 from dflash_cli.serve.handoff import ENGINES
 
@@ -102,7 +101,7 @@ def serve_command(
     sock = bind(host, r.serve.port if port is None else port)
     with build_progress() as on_event:
         engine = build_engine(r, Cache(cache_dir), lambda e: None if e.message == "cached" else on_event(e))
-    mode = "plain" if no_draft else DRAFTER_MODES[r.run.drafter]  # run.drafter names a speculative mode
+    mode = "plain" if no_draft else r.run.drafter  # run.drafter names a speculative mode
     app = create_app(
         engine,
         model_name=name,

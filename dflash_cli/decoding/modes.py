@@ -27,8 +27,6 @@ MODES_INFO = (
 )
 MODES = tuple(m.name for m in MODES_INFO)
 SPECULATIVE_MODES = tuple(m.name for m in MODES_INFO if m.speculative)
-# The recipe's run.drafter (recipe.py) names a speculative mode by the mode's own name.
-DRAFTER_MODES = {name: name for name in SPECULATIVE_MODES}
 # Old names, still accepted as input and read from old files, each mapped to its mode. "pld" was
 # lookup's name in the engine, `bench --modes`, results logs and bench documents of schema 1
 # (bench/document.py keeps it as an alias key through schema 2); to be dropped with schema 3.

@@ -24,10 +24,6 @@ def full_config(src: Path):
     return multimodal_config(src)
 
 
-def tower_config(src: Path):
-    return full_config(src).vision_config
-
-
 def is_gemma4(cfg) -> bool:
     return cfg.model_type == "gemma4"
 
