@@ -332,19 +332,9 @@ def _remove(relative: str) -> Callable[[Path], str]:
     return act
 
 
-def _rot(file: Path, every: int) -> None:
-    """Flip every `every`-th byte (0: one byte) in place, the inode and mtime kept: how disk rot looks."""
-    st = file.stat()
-    with file.open("r+b") as f:
-        data = bytearray(f.read())
-        for i in range(0, len(data), every) if every else (len(data) // 2,):
-            data[i] ^= 0xFF
-        f.seek(0)
-        f.write(data)
-    os.utime(file, ns=(st.st_atime_ns, st.st_mtime_ns))
-
-
 def damage_cases(source: Source) -> dict[str, str]:
+    from tests.fixtures.damage import rot_in_place
+
     out = {}
     int4 = ("-r", "demo", "--set", "compile.ort.precision=int4")
     run = source.argv("run", *int4, "-p", "def fibonacci(n):", "--max-new-tokens", "16", "--json")
@@ -360,7 +350,7 @@ def damage_cases(source: Source) -> dict[str, str]:
         source.run("build", *int4, "--rebuild", "compile")  # compile writes the .q.data files itself
         (data,) = (source.cache / "artifacts" / "compile").glob("*/target.onnx.q.data")
         _, _, expected = text()
-        _rot(data, every)
+        rot_in_place(data, every)
         code, said, got = text()
         if code == 0:
             said += " · text " + ("unchanged" if got == expected else f"changed: {got!r}"[:80])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import os
 from pathlib import Path
 
 import pytest
@@ -12,6 +11,7 @@ from typer.testing import CliRunner
 from dflash_cli import cache_contents
 from dflash_cli.cli.app import create_app
 from dflash_cli.errors import GenerationError
+from tests.fixtures.damage import rot_in_place
 
 runner = CliRunner()
 
@@ -110,18 +110,6 @@ def test_full_disk_during_a_stage_is_one_error_and_publishes_nothing(tiny_qwen3_
     assert not list(cache.tmp_dir.glob("export-*"))
 
 
-def _rot_in_place(file: Path, every: int) -> None:
-    """Flip every `every`-th byte (every=0: one byte) in place, keeping the inode and the mtime: disk rot."""
-    st = file.stat()
-    with file.open("r+b") as f:
-        data = bytearray(f.read())
-        for i in range(0, len(data), every) if every else (len(data) // 2,):
-            data[i] ^= 0xFF
-        f.seek(0)
-        f.write(data)
-    os.utime(file, ns=(st.st_atime_ns, st.st_mtime_ns))
-
-
 def test_rot_that_keeps_size_and_mtime_stops_run_before_any_output(tiny_qwen3_pair, tmp_path) -> None:
     """The stat check passes such a file; the content check of run's engine must not."""
     recipe = str(tiny_qwen3_pair.write_recipe(tmp_path / "recipe.yaml"))
@@ -130,7 +118,7 @@ def test_rot_that_keeps_size_and_mtime_stops_run_before_any_output(tiny_qwen3_pa
     assert runner.invoke(app, ["build", "-r", recipe, "--cache-dir", cache]).exit_code == 0
     args = ["run", "-r", recipe, "--cache-dir", cache, "-p", "x", "--max-new-tokens", "3"]
     (weights,) = (tmp_path / "cache" / "artifacts" / "compile").glob("*/target.onnx.data")
-    _rot_in_place(weights, 7)
+    rot_in_place(weights, 7)
     run = runner.invoke(app, args)
     assert run.exit_code == 1 and run.stdout == ""
     assert "compile artifact" in run.stderr and "target.onnx.data no longer holds the bytes" in run.stderr
@@ -139,7 +127,7 @@ def test_rot_that_keeps_size_and_mtime_stops_run_before_any_output(tiny_qwen3_pa
     assert runner.invoke(app, ["build", "-r", recipe, "--cache-dir", cache, "--rebuild", "export"]).exit_code == 0
     assert runner.invoke(app, args).exit_code == 0
     (graph,) = (tmp_path / "cache" / "artifacts" / "compile").glob("*/draft.onnx")
-    _rot_in_place(graph, 0)
+    rot_in_place(graph, 0)
     cache_contents._VERIFIED.clear()  # what a new process starts with (a file is checked once per process)
     run = runner.invoke(app, args)
     assert run.exit_code == 1 and "draft.onnx no longer holds the bytes" in run.stderr
