@@ -156,7 +156,8 @@ def test_endpoint_against_a_server_with_spec_counters(qwen3_engine, tmp_path: Pa
 
 
 def test_endpoint_without_counters_reports_acceptance_unavailable(tmp_path: Path, monkeypatch):
-    from dflash_cli.bench.endpoint import Endpoint, run_endpoint
+    from dflash_cli.bench.endpoint import Endpoint
+    from dflash_cli.bench.endpoint_run import run_endpoint
 
     monkeypatch.setattr(Endpoint, "counters", lambda self: None)
     replies = iter(range(100))

@@ -1,4 +1,5 @@
-"""`dflash bench --endpoint URL`: the same datasets and report against any OpenAI-compatible server.
+"""`dflash bench --endpoint URL`: the client for any OpenAI-compatible server (the run over a dataset is
+bench/endpoint_run.py, the spec-decode counters bench/spec_counters.py).
 
 Requests go one at a time to `/v1/chat/completions` with `stream: true` (each turn of a sample
 after the earlier turns and the server's replies), timed by the client: TTFT to the first text
@@ -20,36 +21,23 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
-import math
-import re
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
-from dflash_cli.bench.datasets import Sample
 from dflash_cli.bench.endpoint_stream import LOG_HINT, EventStream, count
-from dflash_cli.bench.spread import spread
-from dflash_cli.bench.vllm_fields import latency_fields
-from dflash_cli.decoding.result import GenerationResult
+from dflash_cli.bench.spec_counters import NO_COUNTERS, parse_counters
 from dflash_cli.errors import DFlashError, EndpointError
 
-_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
-_COUNTERS = {
-    "drafts": "vllm:spec_decode_num_drafts_total",
-    "draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
-    "accepted": "vllm:spec_decode_num_accepted_tokens_total",
-}
-_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 DEFAULT_TIMEOUT_S = 600.0  # the longest one request may take, connecting included (`--timeout`)
 # The longest line of a stream bench reads: an event is a few hundred bytes, so a longer line is a broken
 # server, and reading it whole would buffer whatever the server sends (300 MiB grew bench to 1.8 GB).
 # A GET body (/metrics, /v1/models) may be longer, but not without end either.
 MAX_LINE = 4 << 20
 MAX_BODY = 64 << 20
-NO_COUNTERS = "the server exposes no vLLM-named spec-decode counters on /metrics"
 
 
 class _Deadline:
@@ -176,33 +164,7 @@ class Endpoint:
     def counters(self) -> dict[str, Any] | str:
         """The server's spec-decode counters (summed over label sets), or why there are none to use."""
         status, body = self.get("/metrics")
-        if status != 200:
-            return NO_COUNTERS
-        found: dict[str, float] = {}
-        per_pos: dict[int, float] = {}
-        for line in body.decode(errors="replace").splitlines():
-            m = _SAMPLE.match(line.strip())
-            if not m:
-                continue
-            name, labels, text = m.group(1), m.group(2) or "", m.group(3)
-            if name not in (*_COUNTERS.values(), _PER_POS):
-                continue  # other metrics may be anything (a gauge may well be NaN)
-            try:
-                value = float(text)
-            except ValueError:
-                value = math.nan
-            if not math.isfinite(value) or value < 0:  # NaN, inf or negative: no count to subtract
-                return f"/metrics gave {name}{labels} = {text[:40]}, not a finite count >= 0"
-            for key, metric in _COUNTERS.items():
-                if name == metric:
-                    found[key] = found.get(key, 0.0) + value
-            if name == _PER_POS:
-                pos = re.search(r'position="(\d+)"', labels)
-                if pos:
-                    per_pos[int(pos.group(1))] = per_pos.get(int(pos.group(1)), 0.0) + value
-        if "drafts" not in found or "accepted" not in found:
-            return NO_COUNTERS
-        return {**found, "per_pos": [per_pos[i] for i in sorted(per_pos)]}
+        return parse_counters(body.decode(errors="replace")) if status == 200 else NO_COUNTERS
 
     def chat(self, model: str, messages: list[dict], settings: Any, seed: int) -> dict[str, Any]:
         body = {
@@ -332,136 +294,3 @@ def _count_fault(value: Any, most: int | None) -> str | None:
     if most is not None and value > most:
         return f"more than the request's max_tokens {most}"
     return None
-
-
-def as_result(reply: dict[str, Any]) -> GenerationResult:
-    """A GenerationResult with the client's timings (tokens are placeholders: only their count is known)."""
-    tokens = int(reply["usage"]["completion_tokens"])
-    prompt_tokens = reply["usage"].get("prompt_tokens")
-    first = reply["first"] if reply["first"] is not None else reply["end"]
-    last = reply["last"] if reply["last"] is not None else first
-    return GenerationResult(
-        mode="endpoint",
-        prompt_tokens=prompt_tokens if isinstance(prompt_tokens, int) else 0,
-        tokens=[0] * tokens,
-        prefill_s=first - reply["t0"],
-        decode_s=max(0.0, last - first),
-    )
-
-
-def run_endpoint(
-    client: Endpoint,
-    model: str,
-    samples: list[Sample],
-    settings: Any,
-    *,
-    plain_text: Callable[[list[dict]], str] | None = None,
-    on_progress: Callable[[int, int], None] | None = None,
-) -> dict[str, Any]:
-    """Every turn of every sample (repeated), one request at a time; returns the endpoint section."""
-    for i, sample in enumerate(samples[: settings.warmup]):
-        with _naming(f"warmup request {i + 1}/{min(settings.warmup, len(samples))} (sample {sample.id})"):
-            client.chat(model, [{"role": "user", "content": sample.turns[0]}], settings, settings.seed)
-    results: list[GenerationResult] = []
-    deltas: list[dict[str, Any]] = []
-    unusable: str | None = None  # why the counters cannot give acceptance, once they cannot
-    mismatches: list[dict[str, Any]] = []
-    total, done = sum(len(s.turns) for s in samples) * settings.repeat, 0
-    for sample in samples:
-        messages: list[dict] = []
-        for turn, user in enumerate(sample.turns):
-            messages.append({"role": "user", "content": user})
-            reply_text = None
-            for rep in range(settings.repeat):
-                where = f"request {done + 1}/{total} (sample {sample.id}, turn {turn + 1}"
-                where += f", repeat {rep + 1})" if settings.repeat > 1 else ")"
-                with _naming(where):
-                    before = client.counters()
-                    reply = client.chat(model, messages, settings, settings.seed)
-                    after = client.counters()
-                results.append(as_result(reply))
-                if isinstance(before, dict) and isinstance(after, dict):
-                    delta = _delta(before, after)
-                    deltas.append(delta)
-                    if min(delta["drafts"], delta["draft_tokens"], delta["accepted"], *delta["per_pos"]) < 0:
-                        # A restarted server (or no counters at all): negative deltas made tau 4.00 of nothing.
-                        why = f"the spec-decode counters on /metrics went backwards over {where}"
-                        unusable = unusable or why + " (was the server restarted?)"
-                else:
-                    unusable = unusable or next((c for c in (before, after) if c != NO_COUNTERS), None)
-                if rep == 0:
-                    reply_text = reply["text"]
-                    if plain_text is not None and settings.temperature == 0:
-                        want = plain_text(list(messages))
-                        if want != reply["text"]:
-                            mismatches.append(_text_mismatch(sample.id, turn, want, reply["text"]))
-                done += 1
-                if on_progress is not None:
-                    on_progress(done, total)
-            messages.append({"role": "assistant", "content": reply_text or ""})
-    section: dict[str, Any] = {
-        **latency_fields(results),
-        "decode_tokens_per_s": sum(r.decode_tokens for r in results) / sum(r.decode_s for r in results)
-        if sum(r.decode_s for r in results) > 0
-        else 0.0,
-        "ttft_ms_spread": spread([r.prefill_s * 1000 for r in results]),
-        "tpot_ms_spread": spread([r.time_per_output_token * 1000 for r in results if r.decode_tokens]),
-        "decode_tokens_per_s_spread": spread([r.decode_tokens_per_s for r in results if r.decode_tokens]),
-        "new_tokens": sum(r.new_tokens for r in results),
-    }
-    section.update(_acceptance(deltas) if unusable is None else {"spec_decode": f"unavailable: {unusable}"})
-    lossless = {"checked": plain_text is not None and settings.temperature == 0, "mismatches": mismatches}
-    return {"endpoint": section, "lossless": lossless}
-
-
-@contextlib.contextmanager
-def _naming(where: str) -> Iterator[None]:
-    """Prefix a server fault with the request it happened on."""
-    try:
-        yield
-    except EndpointError as err:
-        err.message = f"{where}: {err.message}"
-        err.args = (err.message,)
-        raise
-
-
-def _text_mismatch(sample_id: str, turn: int, want: str, got: str) -> dict[str, Any]:
-    """Where the server's text first left the local plain decoding's (the server gives text, not ids)."""
-    at = next((i for i, (x, y) in enumerate(zip(want, got)) if x != y), min(len(want), len(got)))
-    return {
-        "sample_id": sample_id,
-        "turn": turn,
-        "mode": "endpoint",
-        "unit": "character",
-        "position": at,
-        "expected": repr(want[at : at + 20]),
-        "got": repr(got[at : at + 20]),
-    }
-
-
-def _delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-    width = max(len(before["per_pos"]), len(after["per_pos"]))
-    b = before["per_pos"] + [0.0] * (width - len(before["per_pos"]))
-    a = after["per_pos"] + [0.0] * (width - len(after["per_pos"]))
-    out = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in _COUNTERS}
-    out["per_pos"] = [x - y for x, y in zip(a, b)]
-    return out
-
-
-def _acceptance(deltas: list[dict[str, Any]]) -> dict[str, Any]:
-    if not deltas:
-        return {"spec_decode": f"unavailable: {NO_COUNTERS}"}
-    drafts = sum(d["drafts"] for d in deltas)
-    accepted = sum(d["accepted"] for d in deltas)
-    draft_tokens = sum(d["draft_tokens"] for d in deltas)
-    width = max(len(d["per_pos"]) for d in deltas)
-    per_pos = [sum(d["per_pos"][i] for d in deltas if i < len(d["per_pos"])) for i in range(width)]
-    return {
-        "spec_decode_num_drafts": int(drafts),
-        "spec_decode_draft_tokens": int(draft_tokens),
-        "spec_decode_accepted_tokens": int(accepted),
-        "spec_decode_acceptance_length": 1 + accepted / drafts if drafts else None,
-        "spec_decode_acceptance_rate": accepted / draft_tokens if draft_tokens else None,
-        "spec_decode_per_position_acceptance_rates": [p / drafts for p in per_pos] if drafts else None,
-        "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
-    }

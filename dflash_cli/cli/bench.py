@@ -28,6 +28,7 @@ from dflash_cli.cli.bench_args import (
     parse_levels,
     parse_modes,
 )
+from dflash_cli.cli.bench_compare import compare_documents, refuse_options_compare_ignores
 from dflash_cli.cli.common import (
     CacheDirOpt,
     JsonOpt,
@@ -215,8 +216,8 @@ def bench_command(
             raise typer.BadParameter(
                 f"unexpected argument {compare_args[0]!r}; the only subcommand is `compare`", param_hint="ARGS"
             )
-        _refuse_options_compare_ignores(ctx)
-        _compare([Path(a) for a in compare_args[1:]], fmt)
+        refuse_options_compare_ignores(ctx)
+        compare_documents([Path(a) for a in compare_args[1:]], fmt)
         return
 
     mode_list = parse_modes(modes)
@@ -356,49 +357,6 @@ def _finish(
             console.print(part)
     check_lossless(doc)
     check_floors(doc, min_speedup=min_speedup, min_tau=min_tau)
-
-
-def _refuse_options_compare_ignores(ctx: typer.Context) -> None:
-    """`compare` only reads its documents: any other option given with it was ignored without a word
-    (`--endpoint URL` exited 0), so it is a usage error (exit 2) instead."""
-    given = [
-        "/".join([param.opts[0], *param.secondary_opts[:1]])  # --plain-best/--plain-same
-        for param in ctx.command.params
-        if param.name not in ("compare_args", "json_", "format_")
-        and ctx.get_parameter_source(param.name).name == "COMMANDLINE"  # not an environment variable's
-    ]
-    if given:
-        raise typer.BadParameter(
-            f"`bench compare` only reads its documents: {', '.join(given)} "
-            f"{'does' if len(given) == 1 else 'do'} not apply to it (it takes --json / --format)",
-            param_hint=" / ".join(given),
-        )
-
-
-def _compare(paths: list[Path], fmt: str) -> None:
-    from dflash_cli.bench.compare import compare, load_documents, render_rows
-
-    docs = load_documents(paths)
-    table = compare(docs, [p.name for p in paths])
-    if fmt == "json":
-        print_json(table)
-        return
-    header, cells = render_rows(table)
-    if fmt in ("md", "csv"):
-        sep = " | " if fmt == "md" else ","
-        lines = [sep.join(header), *(sep.join(c) for c in cells)]
-        if fmt == "md":
-            lines = [f"| {lines[0]} |", "|" + " --- |" * len(header), *(f"| {line} |" for line in lines[1:])]
-        sys.stdout.write("\n".join(lines) + "\n")
-        return
-    from rich.table import Table
-
-    t = Table(title="dflash bench compare", title_justify="left")
-    for i, h in enumerate(header):
-        t.add_column(h, justify="left" if i == 0 else "right")
-    for c in cells:
-        t.add_row(*c)
-    out_console().print(t)
 
 
 def _write_json(path: Path, doc: dict[str, Any]) -> None:

@@ -26,7 +26,8 @@ def bench_endpoint(
     """Run the dataset against a server; with a recipe, build it and check greedy text against plain decoding."""
     from dflash_cli.bench.datasets import dataset_name
     from dflash_cli.bench.document import LATENCY_KEYS, SCHEMA_VERSION, _now, tool_commit
-    from dflash_cli.bench.endpoint import Endpoint, run_endpoint
+    from dflash_cli.bench.endpoint import Endpoint
+    from dflash_cli.bench.endpoint_run import run_endpoint
 
     client = Endpoint(url, timeout=timeout)
     model = model or client.model()
@@ -114,7 +115,7 @@ def bench_load(
         loads.append(run_load(client, model, samples, settings, n, request_rate, on_progress=progress))
     mismatches = []
     if recipe_ref is not None and settings.temperature == 0:
-        from dflash_cli.bench.endpoint import _text_mismatch
+        from dflash_cli.bench.endpoint_run import text_mismatch
 
         plain_text = _plain_decoder(recipe_ref, overrides, cache_dir, settings)
         wants = {}
@@ -125,7 +126,7 @@ def bench_load(
                 if sample.id not in wants:
                     wants[sample.id] = plain_text([{"role": "user", "content": sample.turns[0]}])
                 if wants[sample.id] != text:
-                    mismatches.append(_text_mismatch(sample.id, 0, wants[sample.id], text))
+                    mismatches.append(text_mismatch(sample.id, 0, wants[sample.id], text))
     return {
         "schema_version": SCHEMA_VERSION,
         "timestamp": _now(),
