@@ -43,7 +43,7 @@ class ConvertStage:
     name = "convert"
     # 3: the text path of multimodal checkpoints (Qwen3.5); 4: stacked experts (MoE); 5: Gemma 4, Qwen3.5's tower;
     # 6: DFlash2 drafts and speculators-format drafts; 7: a draft config field we do not compute is refused by
-    # name (a cached artifact of such a draft must not outlive the check)
+    # name (a cached artifact of such a draft must not outlive the check), and target/source_config.json
     version = 7
     upstream: tuple[str, ...] = ()
     tools: tuple[str, ...] = ()  # reads headers and links files: only its own version matters
