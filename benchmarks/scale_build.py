@@ -98,7 +98,7 @@ def inodes(root: Path) -> dict[tuple[int, int], int]:
 
 
 def write_recipe(path: Path, name: str, target: Path, draft: Path) -> None:
-    from dflash_cli.modeling.families import family_for
+    from dflash_cli.families import family_for
 
     family = family_for(PAIRS[name][0]["model_type"]).model_type  # a text layout's type names its family
     path.write_text(

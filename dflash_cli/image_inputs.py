@@ -45,14 +45,13 @@ def tower_inputs(pixel_values: np.ndarray, grid_thw, vcfg) -> dict[str, np.ndarr
 
 
 def _multimodal_model_class(full_cfg):
-    """Hugging Face's multimodal model class of the config (its rope-index rule)."""
-    if full_cfg.model_type.startswith("qwen3_5"):
-        from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5Model
+    """Hugging Face's multimodal model class of the config (its rope-index rule): the family's `mrope_model`."""
+    import importlib
 
-        return Qwen3_5Model
-    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLModel
+    from dflash_cli.families import family_for
 
-    return Qwen3VLModel
+    module, _, name = family_for(full_cfg.model_type).mrope_model.rpartition(".")
+    return getattr(importlib.import_module(module), name)
 
 
 def rope_index(input_ids: list[int], grids: np.ndarray, full_cfg) -> tuple[np.ndarray, int]:

@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from dflash_cli.errors import RecipeError
+from dflash_cli.families import FAMILIES, FAMILY_NAMES
 from dflash_cli.recipe_files import DEFAULT_RECIPE, did_you_mean, find_recipe
 
 MIN_BLOCK = 2  # one last-committed token plus at least one mask
@@ -188,15 +189,9 @@ def export_shape_problems(block: int | None, prefill: int, ctx_len: int) -> list
     return problems
 
 
-# Families whose QAIC programs may hold several sequences' caches (compile.qaic.full_batch_size): targets whose
-# layers keep only K/V (not Qwen3.5's recurrent states), with no image inputs riding along. Mixture-of-experts
-# rows gather their own experts (modeling/moe_gathered.py), so sharing a call changes no sequence's outputs.
-SLOT_CACHE_FAMILIES = ("qwen3", "llama", "qwen3_moe", "gpt_oss")
-
-
 class Recipe(_Section):
     name: str = Field(min_length=1)
-    family: Literal["qwen3", "llama", "gemma4", "qwen3_vl", "qwen3_5", "qwen3_moe", "qwen3_5_moe", "gpt_oss"]
+    family: Literal[FAMILY_NAMES]  # the registry's names (dflash_cli/families/), listed by the error if not one
     target: CheckpointRef
     draft: CheckpointRef
     dflash: DFlashConfig = DFlashConfig()
@@ -215,10 +210,11 @@ class Recipe(_Section):
         problems = export_shape_problems(self.dflash.block_size, self.export.prefill_seq_len, self.export.ctx_len)
         if problems:
             raise ValueError("; ".join(problems))
-        if self.compile.qaic.full_batch_size > 1 and self.family not in SLOT_CACHE_FAMILIES:
+        if self.compile.qaic.full_batch_size > 1 and not FAMILIES[self.family].qaic_slot_cache:
+            slot_cache = ", ".join(name for name, fam in FAMILIES.items() if fam.qaic_slot_cache)
             raise ValueError(
                 f"compile.qaic.full_batch_size needs a target whose layers all keep a K/V cache "
-                f"({', '.join(SLOT_CACHE_FAMILIES)}), not {self.family}; leave it at 1"
+                f"({slot_cache}), not {self.family}; leave it at 1"
             )
         return self
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from dflash_cli.errors import CheckpointError
+from dflash_cli.families import DRAFT_MODEL_TYPE
 from dflash_cli.modeling.dflash2_config import INERT, LAYER_INERT, refuse_unread_fields
 
 # tensors a speculators checkpoint may carry that a full-vocabulary draft does not use (the verifier's own)
@@ -79,7 +80,7 @@ def as_zlab(cfg: dict[str, Any], where: str) -> dict[str, Any]:
         dflash_config |= {k: cfg[k] for k in ("output_multiplier", "final_logit_softcapping") if k in cfg}
     out |= {
         "architectures": ["DFlash2DraftModel" if kind == "dflash2" else "DFlashDraftModel"],
-        "model_type": "qwen3",
+        "model_type": DRAFT_MODEL_TYPE,
         "block_size": cfg.get("block_size"),
         "dflash_config": dflash_config,
         "speculators_model_type": kind,  # kept: says where the config came from
@@ -104,7 +105,7 @@ def _refuse_unsupported(cfg: dict[str, Any], layer: dict[str, Any], where: str) 
         refuse("sample_from_anchor: true (a proposal at the anchor's own position)", other)
     if cfg.get("shift_label"):
         refuse("shift_label: true (predictions shifted by one position)", other)
-    if layer.get("model_type", "qwen3") != "qwen3":  # our draft layers are Qwen3's (q_norm and k_norm)
+    if layer.get("model_type", DRAFT_MODEL_TYPE) != DRAFT_MODEL_TYPE:  # our draft layers are Qwen3's (q/k norms)
         refuse(f"{layer['model_type']!r} layers (transformer_layer_config.model_type)", other)
     hidden = layer.get("hidden_size")
     if cfg.get("target_hidden_size") not in (None, hidden):

@@ -23,6 +23,7 @@ LAYERS = {
     "weights": 0,
     "text_path": 0,  # a multimodal checkpoint's text path: config and weight names (convert)
     "speculators_format": 1,  # a speculators draft config read as z-lab's, checked by modeling's tables (convert)
+    "families": 0,  # one module per target family and their registry (recipe validates its `family` by it)
     "recipe": 0,
     "recipe_files": 0,  # finding recipes by name or path (recipe.py loads them)
     "cache": 0,

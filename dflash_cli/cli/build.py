@@ -93,7 +93,7 @@ def execute_build(
     recipe = load_recipe(recipe_ref, overrides)
     cache = Cache(cache_dir)
     if recipe.compile.backend == "qaic" and upto in (None, "compile"):
-        from dflash_cli.modeling.families import require_qaic_support
+        from dflash_cli.families import require_qaic_support
 
         require_qaic_support(recipe.family)
         _require_qaic_sdk()  # before minutes of convert/inject/export that could not be compiled here

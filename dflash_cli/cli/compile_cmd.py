@@ -61,7 +61,7 @@ def compile_command(
         execute_build(recipe, overrides, cache_dir, force=False, rebuild=stages, upto="compile", as_json=json_)
         return
     from dflash_cli.cache import Cache
-    from dflash_cli.modeling.families import require_qaic_support
+    from dflash_cli.families import require_qaic_support
     from dflash_cli.pipeline import build
     from dflash_cli.qaic.bundle import emit_bundle
     from dflash_cli.qaic.command import QaicCompileOptions

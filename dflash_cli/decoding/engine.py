@@ -22,6 +22,7 @@ from dflash_cli.decoding.target_calls import TimedSession
 from dflash_cli.decoding.tokenizer import load_tokenizer
 from dflash_cli.decoding.verify_length import VerifyBudget
 from dflash_cli.errors import BackendError, GenerationError
+from dflash_cli.families import family_named
 from dflash_cli.vision_feeds import ImagePrompt
 
 
@@ -170,8 +171,9 @@ class Engine:
         return self._templated(messages, thinking)
 
     def _templated(self, messages: list[dict], enable_thinking: bool) -> list[int]:
-        kwargs = {"enable_thinking": enable_thinking} if self.recipe.family == "qwen3" else {}
-        if self.recipe.family == "gpt_oss" and self.recipe.run.reasoning_effort:  # harmony's system line
+        family = family_named(self.recipe.family)
+        kwargs = {"enable_thinking": enable_thinking} if family.thinking_switch else {}
+        if family.reasoning_effort and self.recipe.run.reasoning_effort:  # harmony's system line
             kwargs["reasoning_effort"] = self.recipe.run.reasoning_effort
         text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -48,15 +48,18 @@ class ImageReader:
         return tuple(out.astype(np.float32) for out in self._session.run(None, feeds))
 
     @property
-    def gemma4(self) -> bool:
-        return self.config.model_type == "gemma4"
+    def pooled(self) -> bool:
+        """Gemma 4's tower (pooled patches, boi/eoi around an image's tokens), not Qwen's (merged patches)."""
+        from dflash_cli.families import traits_of
+
+        return traits_of(self.config.model_type).pooled_vision
 
     def prompt(self, input_ids: list[int], pixel_values: np.ndarray, layout: np.ndarray) -> ImagePrompt:
         """`layout`: the processor's patch grids (Qwen3-VL's `image_grid_thw`) or patch positions (Gemma 4's
         `image_position_ids`)."""
         from dflash_cli.image_inputs import gemma4_image_prompt, image_prompt
 
-        make = gemma4_image_prompt if self.gemma4 else image_prompt
+        make = gemma4_image_prompt if self.pooled else image_prompt
         try:
             return make(input_ids, np.asarray(pixel_values), np.asarray(layout), self.config, self._run_tower)
         except ValueError as exc:
@@ -83,7 +86,7 @@ class ImageReader:
         """Refuse an image the processor would raise a ValueError on (Gemma 4's resize takes any shape)."""
         w, h = image.size
         ratio = max(w, h) / max(1, min(w, h))
-        if not self.gemma4 and ratio > QWEN_MAX_ASPECT_RATIO:
+        if not self.pooled and ratio > QWEN_MAX_ASPECT_RATIO:
             raise GenerationError(
                 f"{name} is {w}x{h} pixels: its aspect ratio {ratio:.4g} is over {QWEN_MAX_ASPECT_RATIO}, "
                 "the most this model's image processor takes",
@@ -96,7 +99,7 @@ class ImageReader:
         model's processor does (one per merged patch group). Without a chat template the images lead."""
         batch = self.image_processor(images=images, return_tensors="np")
         c = self.config
-        if self.gemma4:  # boi, one image token per soft token, eoi (Gemma4Processor.replace_image_token)
+        if self.pooled:  # boi, one image token per soft token, eoi (Gemma4Processor.replace_image_token)
             layout = np.asarray(batch["image_position_ids"], np.int64)
             runs = [
                 [c.boi_token_id] + [c.image_token_id] * int(n) + [c.eoi_token_id]

@@ -42,7 +42,7 @@ class ReducedPlan:
 
     @classmethod
     def of(cls, src: Path, pair: dict) -> ReducedPlan:
-        from dflash_cli.modeling.families import family_for
+        from dflash_cli.families import family_for
         from dflash_cli.modeling.loading import draft_config, target_config
 
         cfg = target_config(src)

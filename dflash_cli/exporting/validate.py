@@ -324,10 +324,10 @@ def vision_checks(src: Path, onnx_path: Path, dtype: str = "fp32") -> list:
     """The exported tower against Hugging Face's own, on random pixels of CHECK_GRIDS (one call each)."""
     import numpy as np
 
-    from dflash_cli.exporting.vision_graph import GRAPH, full_config, is_gemma4
+    from dflash_cli.exporting.vision_graph import GRAPH, full_config, pooled_tower
 
     cfg = full_config(src)
-    references = _gemma4_tower_references if is_gemma4(cfg) else _qwen3_vl_tower_references
+    references = _gemma4_tower_references if pooled_tower(cfg) else _qwen3_vl_tower_references
     sess = _session(onnx_path)
     float_type = np.float16 if dtype == "fp16" else np.float32
     checks = []

@@ -24,14 +24,17 @@ def full_config(src: Path):
     return multimodal_config(src)
 
 
-def is_gemma4(cfg) -> bool:
-    return cfg.model_type == "gemma4"
+def pooled_tower(cfg) -> bool:
+    """Whether the target's tower pools patches per window (Gemma 4's tower and embedder), not merges them."""
+    from dflash_cli.families import traits_of
+
+    return traits_of(cfg.model_type).pooled_vision
 
 
 def build_vision(src: Path, device="meta", dtype=torch.float32):
     cfg = full_config(src)
     with torch.device(device):
-        if is_gemma4(cfg):
+        if pooled_tower(cfg):
             from dflash_cli.modeling.vision_gemma4 import Gemma4VisionEncoder
 
             module = Gemma4VisionEncoder(cfg).eval()
@@ -44,7 +47,7 @@ def build_vision(src: Path, device="meta", dtype=torch.float32):
 
 def store_name(src: Path):
     """The tower's parameter name -> its name in the target store."""
-    if is_gemma4(full_config(src)):
+    if pooled_tower(full_config(src)):
         return lambda n: n  # `vision_tower.*` / `embed_vision.*`, as the module names them
     return lambda n: "visual." + n
 
@@ -86,7 +89,7 @@ def facts(module) -> dict[str, Any]:
 def inv_freq(src: Path) -> torch.Tensor:
     """The tower's rotary frequencies (computed from the config, never loaded)."""
     cfg = full_config(src)
-    if is_gemma4(cfg):
+    if pooled_tower(cfg):
         from transformers.models.gemma4.modeling_gemma4 import Gemma4VisionRotaryEmbedding
 
         return Gemma4VisionRotaryEmbedding.compute_axial_rope_parameters(cfg.vision_config)[0].float()

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from dflash_cli.families import family_for
 from dflash_cli.modeling.delta_rollback import RollbackDeltaLayer, row_plan
-from dflash_cli.modeling.families import family_for
 from dflash_cli.modeling.gated_delta import squarings_for
 from dflash_cli.modeling.layers import (
     Rotary,

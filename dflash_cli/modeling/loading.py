@@ -75,12 +75,12 @@ def build_target(
 ):
     """The export-ready target of the pair's family; `shape` (a PairShape: the export's call lengths) sizes
     a hybrid family's linear-attention state (the longest call, the pending rows a static graph keeps)."""
-    from dflash_cli.modeling.families import family_for
+    from dflash_cli.families import family_for
 
     cfg = cfg or target_config(artifact_dir)
     ids = layer_ids if layer_ids is not None else load_pair_info(artifact_dir)["target_layer_ids"]
     with torch.device(device):
-        if family_for(cfg.model_type).model_type == "gemma4":
+        if family_for(cfg.model_type).per_layer_geometry:
             from dflash_cli.modeling.gemma4_target import Gemma4Target
             from dflash_cli.text_path import VISION_CONFIG_FILE
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from dflash_cli.families import traits_of
+
 DOMAIN = "com.microsoft"
 
 
@@ -185,9 +187,10 @@ def by_token(x, logits):
 def to_hf_state(state: dict, model_type: str = "") -> dict:
     """Our tensors under Hugging Face's layout: transformers 5 fuses Qwen's gate and up as [gate | up], not
     interleaved; gpt-oss keeps them interleaved, both expert weights transposed."""
+    fused = traits_of(model_type).fused_experts
     out = dict(state)
     for k, v in state.items():
-        if model_type == "gpt_oss" and k.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj")):
+        if fused and k.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj")):
             out[k] = v.transpose(1, 2)
         elif k.endswith("mlp.experts.gate_up_proj"):
             e, rows, cols = v.shape
@@ -295,7 +298,7 @@ def sparse_layers(cfg) -> list[int]:
     """Indices of the layers whose MLP is the sparse block (Hugging Face's rule for Qwen3-MoE; every layer of
     gpt-oss); `cfg` a config object or its dict."""
     get = cfg.get if isinstance(cfg, dict) else lambda k, d=None: getattr(cfg, k, d)
-    if get("model_type") == "gpt_oss":
+    if traits_of(get("model_type")).fused_experts:
         return list(range(int(get("num_hidden_layers"))))
     experts, step = num_experts(cfg), int(get("decoder_sparse_step", 1) or 1)
     dense = set(get("mlp_only_layers", None) or [])
@@ -308,7 +311,7 @@ def checkpoint_stacks(cfg: dict, store) -> dict:
     from dflash_cli.errors import CheckpointError
     from dflash_cli.weights import Stack
 
-    if cfg.get("model_type") == "gpt_oss":
+    if traits_of(cfg.get("model_type")).fused_experts:
         return _gpt_oss_stacks(cfg, store)
 
     experts = num_experts(cfg)

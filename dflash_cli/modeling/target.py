@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from dflash_cli.modeling.families import family_for
+from dflash_cli.families import family_for
 from dflash_cli.modeling.layers import (
     RMSNorm,
     Rotary,
@@ -53,7 +53,7 @@ class TargetSpec:
     def from_hf(cls, cfg) -> TargetSpec:
         fam = family_for(cfg.model_type)
         # Gemma 4 varies the attention geometry by layer: the spec holds layer 0's (gemma4_target.py has each)
-        geo = cfg.per_layer_config[0] if fam.model_type == "gemma4" else cfg
+        geo = cfg.per_layer_config[0] if fam.per_layer_geometry else cfg
         return cls(
             num_layers=cfg.num_hidden_layers,
             hidden=cfg.hidden_size,
@@ -66,22 +66,23 @@ class TargetSpec:
             qk_norm=fam.qk_norm,
             attention_bias=bool(getattr(cfg, "attention_bias", False)),
             mlp_bias=bool(getattr(cfg, "mlp_bias", False)),
-            **(_moe_fields(cfg) if fam.moe else {}),
+            sinks=fam.attention_sinks,
+            **(_moe_fields(cfg, fam.fused_experts) if fam.moe else {}),
             **(_window_fields(cfg) if fam.sliding else {}),
         )
 
 
-def _moe_fields(cfg) -> dict:
+def _moe_fields(cfg, fused: bool) -> dict:
+    """`fused`: gpt-oss's experts (Family.fused_experts): intermediate_size wide, always renormalised, clamped."""
     from dflash_cli.modeling.moe import num_experts, sparse_layers
 
-    gpt_oss = cfg.model_type == "gpt_oss"
     return {
         "sparse_layers": tuple(sparse_layers(cfg)),
         "experts": num_experts(cfg),
         "top_k": cfg.num_experts_per_tok,
-        "expert_intermediate": cfg.intermediate_size if gpt_oss else cfg.moe_intermediate_size,
-        "renormalize": True if gpt_oss else bool(cfg.norm_topk_prob),
-        **({"sinks": True, "expert_act": (cfg.swiglu_alpha, cfg.swiglu_limit)} if gpt_oss else {}),
+        "expert_intermediate": cfg.intermediate_size if fused else cfg.moe_intermediate_size,
+        "renormalize": True if fused else bool(cfg.norm_topk_prob),
+        **({"expert_act": (cfg.swiglu_alpha, cfg.swiglu_limit)} if fused else {}),
     }
 
 

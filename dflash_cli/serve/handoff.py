@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash_cli.errors import CheckpointError
+from dflash_cli.families import family_named
 
 ENGINES = ("vllm", "sglang")
 
@@ -43,7 +44,7 @@ def handoff_command(recipe: Any, engine: str, model_name: str | None = None) -> 
             "--trust-remote-code",  # the z-lab drafts' model code ships with the checkpoint
         ]
     notes = [f"# {engine}: serves {recipe.name} (block size {block}) as {name!r} on the OpenAI API"]
-    if recipe.family == "qwen3" and recipe.run.chat_template and not recipe.run.enable_thinking:
+    if family_named(recipe.family).thinking_switch and recipe.run.chat_template and not recipe.run.enable_thinking:
         notes.append('# chat clients: send "chat_template_kwargs": {"enable_thinking": false}, as this recipe does')
     return "\n".join(notes + [" \\\n  ".join(lines)])
 

@@ -224,18 +224,17 @@ def _check_layer_kinds(path: Path, cfg: dict[str, Any], role: str) -> None:
 
 
 def takes_images(recipe: Any) -> bool:
-    """Whether the build keeps a multimodal checkpoint's vision path: on QAIC only for Qwen3-VL (its bundle's
-    third program); a QAIC build of Qwen3.5 keeps its text path (Gemma 4 is refused there)."""
-    return getattr(getattr(recipe, "compile", None), "backend", "ort") != "qaic" or recipe.family == "qwen3_vl"
+    """Whether the build keeps a multimodal checkpoint's vision path: on QAIC only where the family's bundle has a
+    vision program (Qwen3-VL's third); a QAIC build of Qwen3.5 keeps its text path (Gemma 4 is refused there)."""
+    from dflash_cli.families import family_named
 
-
-def _is_gemma4(cfg: dict[str, Any]) -> bool:
-    return cfg.get("model_type") in ("gemma4", "gemma4_text")
+    on_qaic = getattr(getattr(recipe, "compile", None), "backend", "ort") == "qaic"
+    return not on_qaic or family_named(recipe.family).qaic_vision
 
 
 def _check_gemma4(path: Path, cfg: dict[str, Any]) -> None:
     """A Gemma 4 variant computing what our module does not (gemma4_target.unsupported)."""
-    if not _is_gemma4(cfg):
+    if not _family_has(cfg.get("model_type"), "per_layer_geometry"):
         return
     from dflash_cli.modeling.gemma4_target import unsupported
 
@@ -249,9 +248,9 @@ def _check_gemma4(path: Path, cfg: dict[str, Any]) -> None:
 
 def _family_has(model_type: Any, trait: str) -> bool:
     """Whether the family of `model_type` has `trait` ("hybrid", "moe"); False for unknown types (refused later)."""
-    from dflash_cli.modeling.families import FAMILIES
+    from dflash_cli.families import traits_of
 
-    return any(model_type in (f.model_type, *f.model_types) and getattr(f, trait) for f in FAMILIES.values())
+    return bool(getattr(traits_of(model_type), trait))
 
 
 def _check_vocab_size(target_dir: Path, target_cfg: dict[str, Any], target: WeightStore) -> None:
@@ -352,7 +351,7 @@ def _check_draft_weights(shapes: dict[str, tuple[int, ...]], expected: dict[str,
 
 def _resolved_draft_config(draft_cfg: dict[str, Any], pair: PairInfo, target_cfg: dict[str, Any]) -> dict[str, Any]:
     cfg = dict(draft_cfg)
-    if _is_gemma4(target_cfg):
+    if _family_has(target_cfg.get("model_type"), "scaled_embedding"):
         # The draft embeds its block through the target's embedding, which Gemma 4 scales.
         from dflash_cli.modeling.gemma4_target import embed_scale
 
