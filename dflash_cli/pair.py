@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from dflash_cli.errors import CheckpointError
-from dflash_cli.modeling.families import family_for
+from dflash_cli.families import Family, family_for
 
 PAIR_FILE = "pair.json"
 
@@ -66,21 +66,53 @@ def resolve_pair(
     generation_cfg: dict[str, Any] | None = None,
 ) -> PairInfo:
     """Merge recipe overrides with the draft config and validate the pair."""
+    # Checked in this order: a pair wrong in several ways reports the first of them.
     model_type = target_cfg.get("model_type")
+    family = _recipe_family(model_type, recipe.family)
+    dflash_cfg = _dflash_config(draft_cfg)
+    overrides = recipe.dflash
+    block_size = _block_size(overrides, draft_cfg, dflash_cfg)
+    hidden = _hidden_size(target_cfg, draft_cfg)
+    num_target_layers, num_draft_layers = _layer_counts(target_cfg, draft_cfg, dflash_cfg)
+    layer_ids = _target_layer_ids(overrides, draft_cfg, dflash_cfg, num_target_layers, num_draft_layers)
+    mask = _mask_token_id(overrides, draft_cfg, dflash_cfg, family.default_mask_token_id, target_vocab_size)
+    return PairInfo(
+        family=family.model_type,
+        model_type=model_type,
+        block_size=block_size,
+        target_layer_ids=tuple(layer_ids),
+        mask_token_id=mask,
+        num_target_layers=num_target_layers,
+        num_draft_layers=num_draft_layers,
+        hidden_size=hidden,
+        vocab_size=target_vocab_size,
+        eos_token_ids=tuple(_eos_ids(target_cfg, generation_cfg)),
+        tie_word_embeddings=bool(target_cfg.get("tie_word_embeddings", False)),
+    )
+
+
+def _recipe_family(model_type: Any, recipe_family: str) -> Family:
+    """The target's family, which the recipe must name."""
     family = family_for(model_type)
-    if recipe.family != family.model_type:
+    if recipe_family != family.model_type:
         raise CheckpointError(
-            f"recipe family {recipe.family!r} does not match the target's model_type {model_type!r}",
-            hint=f"set family: {family.model_type} in the recipe, or point target.path at a {recipe.family} checkpoint",
+            f"recipe family {recipe_family!r} does not match the target's model_type {model_type!r}",
+            hint=f"set family: {family.model_type} in the recipe, or point target.path at a {recipe_family} checkpoint",
         )
+    return family
+
+
+def _dflash_config(draft_cfg: dict[str, Any]) -> dict[str, Any]:
     dflash_cfg = draft_cfg.get("dflash_config")
     if not isinstance(dflash_cfg, dict):
         raise CheckpointError(
             "draft config has no dflash_config: not a DFlash draft checkpoint",
             hint="point draft.path at a DFlash draft (config.json with block_size and dflash_config)",
         )
-    overrides = recipe.dflash
+    return dflash_cfg
 
+
+def _block_size(overrides: Any, draft_cfg: dict[str, Any], dflash_cfg: dict[str, Any]) -> int:
     # newer checkpoints keep block_size (and num_target_layers) in dflash_config; refuse_unread checks that the
     # places a field may sit in agree
     block_size = _first(
@@ -90,7 +122,10 @@ def resolve_pair(
         raise CheckpointError("draft config has no block_size", hint="set dflash.block_size in the recipe")
     if not _is_int(block_size) or block_size < 2:
         raise CheckpointError(f"block_size must be an integer >= 2, got {block_size!r}", hint="fix dflash.block_size")
+    return block_size
 
+
+def _hidden_size(target_cfg: dict[str, Any], draft_cfg: dict[str, Any]) -> int:
     hidden = _required_int(target_cfg, "hidden_size", "target")
     draft_hidden = _required_int(draft_cfg, "hidden_size", "draft")
     if hidden != draft_hidden:
@@ -98,7 +133,11 @@ def resolve_pair(
             f"hidden sizes differ: target {hidden}, draft {draft_hidden}",
             hint="use the DFlash draft trained for this target model",
         )
+    return hidden
 
+
+def _layer_counts(target_cfg: dict[str, Any], draft_cfg: dict[str, Any], dflash_cfg: dict[str, Any]) -> tuple[int, int]:
+    """(target layers, draft layers), the draft trained for a target of that depth where it says so."""
     num_target_layers = _required_int(target_cfg, "num_hidden_layers", "target")
     num_draft_layers = _required_int(draft_cfg, "num_hidden_layers", "draft")
     draft_expects = _first(draft_cfg.get("num_target_layers"), dflash_cfg.get("num_target_layers"))
@@ -107,7 +146,12 @@ def resolve_pair(
             f"draft was trained for a {draft_expects}-layer target, this target has {num_target_layers} layers",
             hint="use the DFlash draft trained for this target model",
         )
+    return num_target_layers, num_draft_layers
 
+
+def _target_layer_ids(
+    overrides: Any, draft_cfg: dict[str, Any], dflash_cfg: dict[str, Any], num_target_layers: int, num_draft_layers: int
+) -> list[int]:
     # some configs name the taps and the mask token at the top level (as SGLang reads them): taken there too
     layer_ids = _first(
         getattr(overrides, "target_layer_ids", None),
@@ -122,32 +166,24 @@ def resolve_pair(
             f"target_layer_ids {layer_ids} must be non-empty and within [0, {num_target_layers - 1}]",
             hint="fix dflash.target_layer_ids in the recipe (or the draft's dflash_config)",
         )
+    return layer_ids
 
+
+def _mask_token_id(
+    overrides: Any, draft_cfg: dict[str, Any], dflash_cfg: dict[str, Any], default: int | None, vocab_size: int
+) -> int:
     mask = _first(
         getattr(overrides, "mask_token_id", None),
         dflash_cfg.get("mask_token_id"),
         draft_cfg.get("mask_token_id"),
-        family.default_mask_token_id,
+        default,
     )
-    if not _is_int(mask) or not 0 <= mask < target_vocab_size:
+    if not _is_int(mask) or not 0 <= mask < vocab_size:
         raise CheckpointError(
-            f"mask_token_id {mask!r} is outside the target vocabulary (size {target_vocab_size})",
+            f"mask_token_id {mask!r} is outside the target vocabulary (size {vocab_size})",
             hint="set dflash.mask_token_id to a token id that exists in the target's embedding table",
         )
-
-    return PairInfo(
-        family=family.model_type,
-        model_type=model_type,
-        block_size=block_size,
-        target_layer_ids=tuple(layer_ids),
-        mask_token_id=mask,
-        num_target_layers=num_target_layers,
-        num_draft_layers=num_draft_layers,
-        hidden_size=hidden,
-        vocab_size=target_vocab_size,
-        eos_token_ids=tuple(_eos_ids(target_cfg, generation_cfg)),
-        tie_word_embeddings=bool(target_cfg.get("tie_word_embeddings", False)),
-    )
+    return mask
 
 
 def draft_weight_shapes(draft_cfg: dict[str, Any], pair: PairInfo) -> dict[str, tuple[int, ...]]:

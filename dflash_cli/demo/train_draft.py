@@ -8,9 +8,11 @@ the token at anchor+k, weighted by exp(-(k-1)/gamma). Resumable from checkpoints
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +21,7 @@ import torch
 from dflash_cli.demo import checkpoint, distill
 from dflash_cli.demo.data import token_stream
 from dflash_cli.demo.distill import generate_continuations
+from dflash_cli.demo.draft_objective import BlockObjective, position_weights
 from dflash_cli.modeling.draft import DFlashDraft
 
 
@@ -56,37 +59,56 @@ def draft_config(
     return cfg
 
 
-def block_batch(seqs: list[np.ndarray], prompt_lens: list[int], n_anchors: int, block: int, mask_id: int, rng):
-    """Anchors in the generated region; returns ids, positions, labels and the visibility mask."""
-    L = len(seqs[0])
-    ids, pos, labels, anchors_all = [], [], [], []
-    for seq, pl in zip(seqs, prompt_lens):
-        anchors = np.sort(rng.choice(np.arange(pl - 1, L - block + 1), size=n_anchors, replace=False))
-        anchors_all.append(anchors)
-        b_ids = np.full((n_anchors, block), mask_id, dtype=np.int64)
-        b_ids[:, 0] = seq[anchors]
-        ids.append(b_ids.reshape(-1))
-        pos.append((anchors[:, None] + np.arange(block)[None]).reshape(-1))
-        labels.append(seq[anchors[:, None] + np.arange(block)[None]].reshape(-1))
-    ids, pos, labels = (torch.from_numpy(np.stack(x).astype(np.int64)) for x in (ids, pos, labels))
-    anchors = torch.from_numpy(np.stack(anchors_all))  # [b, K]
-    nq = n_anchors * block
-    q_anchor = anchors.repeat_interleave(block, dim=1)  # [b, nq]
-    ctx_visible = torch.arange(L)[None, None, :] < q_anchor[:, :, None]  # [b, nq, L]
-    blk = torch.arange(nq) // block
-    block_visible = (blk[:, None] == blk[None, :])[None].expand(len(seqs), -1, -1)
-    visible = torch.cat([ctx_visible, block_visible], dim=-1)[:, None]
-    return ids, pos, labels, visible
-
-
-def position_weights(block: int, gamma: float) -> torch.Tensor:
-    k = torch.arange(block, dtype=torch.float32)
-    w = torch.exp(-(k - 1).clamp(min=0) / gamma)
-    w[0] = 0.0  # position 0 is the given anchor token, not a prediction
-    return w
-
-
 def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    log = open(args.work_dir / "draft-train.log", "a")
+    tok = AutoTokenizer.from_pretrained(str(args.target))
+    target = AutoModelForCausalLM.from_pretrained(str(args.target), dtype=torch.float32)
+    target.eval().requires_grad_(False)
+    tcfg = json.loads((args.target / "config.json").read_text())
+    mask_id = tok.convert_tokens_to_ids("<|mask|>")
+    layer_ids = [int(x) for x in args.layer_ids.split(",")]
+    data = _distill(args, tok, target, log)
+
+    v2 = {"selector_rank": args.selector_rank, "selector_top_k": args.selector_top_k} if args.dflash2 else None
+    cfg = draft_config(
+        tcfg, layers=args.layers, block_size=args.block_size, layer_ids=layer_ids, mask_id=mask_id, dflash2=v2
+    )
+    draft = _new_draft(args, cfg, tcfg["vocab_size"], len(layer_ids), target)
+    optimiser = _Optimiser.of(draft, args.lr, args.work_dir / "draft-ckpt.pt")
+    objective = BlockObjective(
+        target,
+        draft,
+        layer_ids,
+        mask_id,
+        args.anchors,
+        position_weights(args.block_size, args.gamma),
+        args.selector_alpha if args.dflash2 else None,
+    )
+    step, elapsed = _train(args, objective, optimiser, data, log)
+    save_draft(draft, cfg, args.out)
+    meta = {
+        "steps": step,
+        "train_seconds": round(elapsed, 1),
+        **objective.evaluate(data.heldout),
+        "n_seqs": args.n_seqs,
+        **json.loads(data.meta_path.read_text()),
+        "params_without_embeddings": sum(
+            p.numel() for n, p in draft.named_parameters() if not n.startswith(("embed_tokens", "lm_head"))
+        ),
+    }
+    if args.init_from:
+        meta["continued_from"] = json.loads((args.init_from / "training.json").read_text())
+    (args.out / "training.json").write_text(json.dumps(meta, indent=2) + "\n")
+    print(json.dumps({"done": meta}), file=log, flush=True)
+
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--work-dir", type=Path, default=Path(".demo-work"))
     ap.add_argument("--target", type=Path, default=Path("models/demo-target"))
@@ -122,21 +144,19 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--selector-rank", type=int, default=64)
     ap.add_argument("--selector-top-k", type=int, default=16)
     ap.add_argument("--selector-alpha", type=float, default=1.0, help="weight of the selector's loss")
-    args = ap.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    return ap
 
-    args.work_dir.mkdir(parents=True, exist_ok=True)
-    log = open(args.work_dir / "draft-train.log", "a")
-    tok = AutoTokenizer.from_pretrained(str(args.target))
-    target = AutoModelForCausalLM.from_pretrained(str(args.target), dtype=torch.float32)
-    target.eval().requires_grad_(False)
-    tcfg = json.loads((args.target / "config.json").read_text())
-    mask_id = tok.convert_tokens_to_ids("<|mask|>")
-    layer_ids = [int(x) for x in args.layer_ids.split(",")]
+
+@dataclass(frozen=True)
+class _Distilled:
+    train: list[np.ndarray]  # batches of [prompt_len, prompt + continuation...] rows, one prompt length each
+    heldout: list[np.ndarray]
+    meta_path: Path  # distill.json: how the data was made (reported in training.json)
+
+
+def _distill(args: argparse.Namespace, tok, target, log) -> _Distilled:
+    """The target's greedy continuations of train and held-out corpus prompts (reloaded when already made)."""
     prompt_lens = tuple(int(x) for x in args.prompt_lens.split(","))
-
     train_tokens = token_stream(args.target, "train", args.work_dir, args.max_files)
     newline_ids = {i for t, i in tok.get_vocab().items() if t.endswith("Ċ")}
     held_tokens = token_stream(args.target, "heldout", args.work_dir, args.max_files)
@@ -144,57 +164,55 @@ def main(argv: list[str] | None = None) -> None:
     if args.prompt_style == "docstring":
         texts = [tok.decode([i]) for i in range(len(tok))]
         train_ends, held_ends = (distill.docstring_ends(t, texts) for t in (train_tokens, held_tokens))
-    t0 = time.time()
-    train_batches = generate_continuations(
+    generate = functools.partial(
+        generate_continuations,
         target,
+        new_tokens=args.new_tokens,
+        batch_size=args.distill_batch,
+        prompt_lens=prompt_lens,
+        log=log,
+    )
+    t0 = time.time()
+    train = generate(
         train_tokens,
         newline_ids,
         n_seqs=args.n_seqs,
-        new_tokens=args.new_tokens,
         seed=args.seed,
         out_path=args.work_dir / "distill-train",
-        batch_size=args.distill_batch,
-        prompt_lens=prompt_lens,
         ends=train_ends,
-        log=log,
     )
-    held_batches = generate_continuations(
-        target,
+    heldout = generate(
         held_tokens,
         newline_ids,
         n_seqs=args.heldout_seqs,
-        new_tokens=args.new_tokens,
         seed=args.seed + 1,
         out_path=args.work_dir / "distill-heldout",
-        batch_size=args.distill_batch,
-        prompt_lens=prompt_lens,
         ends=held_ends,
-        log=log,
     )
     distill_seconds = round(time.time() - t0, 1)
     print(json.dumps({"distill_seconds": distill_seconds}), file=log, flush=True)
-    distill_meta = args.work_dir / "distill.json"
-    if not distill_meta.exists():  # the first run generated the data; a resumed one only reloads it
-        distill_meta.write_text(
+    meta_path = args.work_dir / "distill.json"
+    if not meta_path.exists():  # the first run generated the data; a resumed one only reloads it
+        meta_path.write_text(
             json.dumps(
                 {"distill_seconds": distill_seconds, "prompt_lens": prompt_lens, "prompt_style": args.prompt_style}
             )
             + "\n"
         )
+    return _Distilled(train, heldout, meta_path)
 
-    v2 = {"selector_rank": args.selector_rank, "selector_top_k": args.selector_top_k} if args.dflash2 else None
-    cfg = draft_config(
-        tcfg, layers=args.layers, block_size=args.block_size, layer_ids=layer_ids, mask_id=mask_id, dflash2=v2
-    )
+
+def _new_draft(args: argparse.Namespace, cfg: dict, vocab_size: int, n_taps: int, target) -> DFlashDraft:
+    """The draft to train: seeded, optionally warm-started, sharing the target's (frozen) embedding and head."""
     from transformers import Qwen3Config
 
-    from dflash_cli.demo.selector_loss import init_dflash2, selector_loss, walked
+    from dflash_cli.demo.selector_loss import init_dflash2
     from dflash_cli.modeling.dflash2_config import spec_of
 
     hf_cfg = Qwen3Config(**{k: v for k, v in cfg.items() if k not in ("model_type", "dflash_config")})
     hf_cfg.dflash2 = spec_of(cfg)
     torch.manual_seed(args.seed)
-    draft = DFlashDraft(hf_cfg, len(layer_ids), tcfg["vocab_size"])
+    draft = DFlashDraft(hf_cfg, n_taps, vocab_size)
     if args.dflash2:
         init_dflash2(draft)
     if args.init_from:
@@ -203,110 +221,70 @@ def main(argv: list[str] | None = None) -> None:
     draft.lm_head.weight.data.copy_(target.get_output_embeddings().weight)
     draft.embed_tokens.requires_grad_(False)
     draft.lm_head.requires_grad_(False)
-    params = [p for p in draft.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
-    ckpt_path = args.work_dir / "draft-ckpt.pt"
-    step, elapsed = checkpoint.resume(ckpt_path, draft, opt)
+    return draft
 
-    groups = [(int(b[0, 0]), b[:, 1:]) for b in train_batches]  # (prompt_len, sequences)
-    weights = position_weights(args.block_size, args.gamma)
 
-    def features(x: torch.Tensor) -> torch.Tensor:
-        hs = target(input_ids=x, output_hidden_states=True).hidden_states
-        return torch.cat([hs[i + 1] for i in layer_ids], dim=-1)
+@dataclass
+class _Optimiser:
+    """AdamW over the draft's trainable parameters, its gradients clipped, with a resumable checkpoint."""
 
-    def loss_and_acc(seqs: np.ndarray, pl: int, rng, train: bool):
-        x = torch.from_numpy(seqs.astype(np.int64))
-        with torch.no_grad():
-            feats = features(x)
-        ids, pos, labels, visible = block_batch(
-            list(seqs), [pl] * len(seqs), args.anchors, args.block_size, mask_id, rng
-        )
-        ctx_pos = torch.arange(x.shape[1])[None].expand(x.shape[0], -1)
-        fused = draft.fuse(feats)
-        hidden = draft.hidden_states(ids, pos, draft.context_kv(fused, ctx_pos), visible)
-        logits = draft.lm_head(hidden)
-        ce = torch.nn.functional.cross_entropy(
-            logits.reshape(-1, logits.size(-1)), labels.reshape(-1), reduction="none"
-        )
-        w = weights.repeat(ids.shape[1] // args.block_size)[None].expand_as(ids).reshape(-1)
-        loss = (ce * w).sum() / w.sum()
-        B = args.block_size
-        if args.dflash2:  # the selector's own loss, and its walk is what a verify step sees
-            sel = draft.candidate_selector
-            loss = loss + args.selector_alpha * selector_loss(sel, hidden, logits, labels, B, weights)
-            with torch.no_grad():
-                proposed = walked(sel, hidden, logits, labels, B).reshape(-1, B - 1)
-            hit = proposed == labels.reshape(-1, B)[:, 1:]
-        else:
-            hit = (logits.argmax(-1) == labels).reshape(-1, B)[:, 1:]
-        accept = torch.cumprod(hit.int(), dim=1).sum(1).float() + 1  # tokens a verify step would commit
-        return loss, accept.mean().item()
+    draft: DFlashDraft
+    params: list[torch.nn.Parameter]
+    opt: torch.optim.Optimizer
+    ckpt_path: Path
 
-    def evaluate() -> dict:
-        draft.eval()
-        rng = np.random.default_rng(123)
-        losses, taus = [], []
-        with torch.no_grad():
-            for b in held_batches:
-                loss, tau = loss_and_acc(b[:, 1:], int(b[0, 0]), rng, False)
-                losses.append(loss.item())
-                taus.append(tau)
-        draft.train()
-        return {"heldout_loss": round(float(np.mean(losses)), 4), "heldout_block_tau": round(float(np.mean(taus)), 3)}
+    @classmethod
+    def of(cls, draft: DFlashDraft, lr: float, ckpt_path: Path) -> _Optimiser:
+        params = [p for p in draft.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
+        return cls(draft, params, opt, ckpt_path)
 
-    draft.train()
+    def resume(self) -> tuple[int, float]:
+        return checkpoint.resume(self.ckpt_path, self.draft, self.opt)
+
+    def step(self, loss: torch.Tensor, lr: float) -> None:
+        for g in self.opt.param_groups:
+            g["lr"] = lr
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.params, 1.0)
+        self.opt.step()
+
+    def save(self, step: int, elapsed: float) -> None:
+        checkpoint.save_training(self.ckpt_path, self.draft, self.opt, step, elapsed)
+
+
+def _train(
+    args: argparse.Namespace, objective: BlockObjective, optimiser: _Optimiser, data: _Distilled, log
+) -> tuple[int, float]:
+    """Steps from the last checkpoint to args.steps (warm-up, then cosine decay to a tenth of the rate);
+    returns (steps, training seconds)."""
+    step, elapsed = optimiser.resume()
+    groups = [(int(b[0, 0]), b[:, 1:]) for b in data.train]  # (prompt_len, sequences)
+    objective.draft.train()
     t_last = time.time()
     while step < args.steps:
+        # The batch is a pure function of (seed, step): resuming replays the exact schedule.
         rng = np.random.default_rng([args.seed, step])
         pl, seqs = groups[int(rng.integers(len(groups)))]
         rows = rng.choice(len(seqs), size=args.batch_size, replace=False)
         warm = min(1.0, (step + 1) / 100)
         lr = args.lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / args.steps)))
-        for g in opt.param_groups:
-            g["lr"] = lr
-        loss, tau = loss_and_acc(seqs[rows], pl, rng, True)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
+        loss, tau = objective.loss_and_acc(seqs[rows], pl, rng)
+        optimiser.step(loss, lr)
         step += 1
         now = time.time()
         elapsed += now - t_last
         t_last = now
         if step % 10 == 0:
-            print(
-                json.dumps(
-                    {
-                        "step": step,
-                        "loss": round(loss.item(), 4),
-                        "block_tau": round(tau, 3),
-                        "elapsed_s": round(elapsed, 1),
-                    }
-                ),
-                file=log,
-                flush=True,
-            )
+            rec = {"step": step, "loss": round(loss.item(), 4), "block_tau": round(tau, 3)}
+            print(json.dumps({**rec, "elapsed_s": round(elapsed, 1)}), file=log, flush=True)
         if step % 50 == 0 or step == args.steps:
-            checkpoint.save_training(ckpt_path, draft, opt, step, elapsed)
+            optimiser.save(step, elapsed)
         if step % 250 == 0:
-            print(json.dumps({"step": step, **evaluate()}), file=log, flush=True)
+            print(json.dumps({"step": step, **objective.evaluate(data.heldout)}), file=log, flush=True)
             t_last = time.time()
-    save_draft(draft, cfg, args.out)
-    meta = {
-        "steps": step,
-        "train_seconds": round(elapsed, 1),
-        **evaluate(),
-        "n_seqs": args.n_seqs,
-        **json.loads(distill_meta.read_text()),
-        "params_without_embeddings": sum(
-            p.numel() for n, p in draft.named_parameters() if not n.startswith(("embed_tokens", "lm_head"))
-        ),
-    }
-    if args.init_from:
-        meta["continued_from"] = json.loads((args.init_from / "training.json").read_text())
-    (args.out / "training.json").write_text(json.dumps(meta, indent=2) + "\n")
-    print(json.dumps({"done": meta}), file=log, flush=True)
+    return step, elapsed
 
 
 def load_draft_weights(draft: DFlashDraft, path: Path) -> None:

@@ -97,6 +97,52 @@ def heldout_loss(model: torch.nn.Module, tokens: np.ndarray, seq_len: int, max_b
 
 
 def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    tok_dir = _tokenizer_dir(args)
+    tok = AutoTokenizer.from_pretrained(str(tok_dir))
+    train = token_stream(tok_dir, "train", args.work_dir, args.max_files)
+    held = token_stream(tok_dir, "heldout", args.work_dir, args.max_files)
+    log = open(args.work_dir / f"{args.run_name}-train.log", "a")
+    print(json.dumps({"train_tokens": len(train), "heldout_tokens": len(held)}), file=log, flush=True)
+
+    torch.manual_seed(args.seed)
+    if args.init_from:
+        model = AutoModelForCausalLM.from_pretrained(str(args.init_from), dtype=torch.float32)
+        before = json.loads((args.init_from / "training.json").read_text())
+    else:
+        model = build_model(len(tok), tok.eos_token_id, SMOKE_CONFIG if args.smoke else TARGET_CONFIG)
+        before = None
+    step, elapsed = _train(args, model, train, held, log)
+    # Export in the plain Hugging Face format.
+    args.out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(args.out), safe_serialization=True)
+    tok.save_pretrained(str(args.out))
+    # Held-out loss over (at most) 256-token windows stays comparable across runs of different --seq-len.
+    hl = heldout_loss(model, held, min(256, args.seq_len), max_batches=200)
+    meta = {
+        "steps": step,
+        "seq_len": args.seq_len,
+        "batch_size": args.batch_size,
+        "train_seconds": round(elapsed, 1),
+        "heldout_loss": round(hl, 4),
+        "n_windows": (len(train) - 1) // args.seq_len,
+        "train_tokens": int(len(train)),
+        "params": sum(p.numel() for p in model.parameters()),
+    }
+    if before is not None:
+        meta["continued_from"] = before
+        meta["total_train_seconds"] = round(elapsed + before.get("total_train_seconds", before["train_seconds"]), 1)
+    (args.out / "training.json").write_text(json.dumps(meta, indent=2) + "\n")
+    print(json.dumps({"done": meta}), file=log, flush=True)
+
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--work-dir", type=Path, default=Path(".demo-work"))
     ap.add_argument("--out", type=Path, default=Path("models/demo-target"))
@@ -116,13 +162,13 @@ def main(argv: list[str] | None = None) -> None:
         help="continue from this Hugging Face checkpoint (weights and tokenizer) with a fresh optimizer",
     )
     ap.add_argument("--run-name", default="target", help="names this run's checkpoint and log in --work-dir")
-    args = ap.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    return ap
 
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    args.work_dir.mkdir(parents=True, exist_ok=True)
+def _tokenizer_dir(args: argparse.Namespace) -> Path:
+    """The work dir's tokenizer: the continued checkpoint's, else one trained on the corpus (made once)."""
+    from transformers import AutoTokenizer
+
     tok_dir = args.work_dir / "tokenizer"
     if args.init_from and not (tok_dir / "tokenizer.json").exists():
         # A continued run must keep the vocabulary its weights were trained with.
@@ -130,23 +176,16 @@ def main(argv: list[str] | None = None) -> None:
     if not (tok_dir / "tokenizer.json").exists():
         base = SMOKE_CONFIG if args.smoke else TARGET_CONFIG
         train_tokenizer(corpus_texts("train", args.max_files), tok_dir, vocab_size=base["vocab_size"])
-    tok = AutoTokenizer.from_pretrained(str(tok_dir))
-    train = token_stream(tok_dir, "train", args.work_dir, args.max_files)
-    held = token_stream(tok_dir, "heldout", args.work_dir, args.max_files)
-    log = open(args.work_dir / f"{args.run_name}-train.log", "a")
-    print(json.dumps({"train_tokens": len(train), "heldout_tokens": len(held)}), file=log, flush=True)
+    return tok_dir
 
-    torch.manual_seed(args.seed)
-    if args.init_from:
-        model = AutoModelForCausalLM.from_pretrained(str(args.init_from), dtype=torch.float32)
-        before = json.loads((args.init_from / "training.json").read_text())
-    else:
-        model = build_model(len(tok), tok.eos_token_id, SMOKE_CONFIG if args.smoke else TARGET_CONFIG)
-        before = None
+
+def _train(
+    args: argparse.Namespace, model: torch.nn.Module, train: np.ndarray, held: np.ndarray, log
+) -> tuple[int, float]:
+    """Steps from the last checkpoint to args.steps; returns (steps, training seconds)."""
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
     ckpt_path = args.work_dir / f"{args.run_name}-ckpt.pt"
     step, elapsed = checkpoint.resume(ckpt_path, model, opt)
-    n_windows = (len(train) - 1) // args.seq_len
     model.train()
     t_last = time.time()
     while step < args.steps:
@@ -174,27 +213,7 @@ def main(argv: list[str] | None = None) -> None:
             hl = heldout_loss(model, held, args.seq_len)
             print(json.dumps({"step": step, "heldout_loss": round(hl, 4)}), file=log, flush=True)
             t_last = time.time()
-    # Export in the plain Hugging Face format.
-    args.out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(args.out), safe_serialization=True)
-    tok.save_pretrained(str(args.out))
-    # Held-out loss over (at most) 256-token windows stays comparable across runs of different --seq-len.
-    hl = heldout_loss(model, held, min(256, args.seq_len), max_batches=200)
-    meta = {
-        "steps": step,
-        "seq_len": args.seq_len,
-        "batch_size": args.batch_size,
-        "train_seconds": round(elapsed, 1),
-        "heldout_loss": round(hl, 4),
-        "n_windows": n_windows,
-        "train_tokens": int(len(train)),
-        "params": sum(p.numel() for p in model.parameters()),
-    }
-    if before is not None:
-        meta["continued_from"] = before
-        meta["total_train_seconds"] = round(elapsed + before.get("total_train_seconds", before["train_seconds"]), 1)
-    (args.out / "training.json").write_text(json.dumps(meta, indent=2) + "\n")
-    print(json.dumps({"done": meta}), file=log, flush=True)
+    return step, elapsed
 
 
 if __name__ == "__main__":

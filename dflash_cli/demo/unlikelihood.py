@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -65,6 +66,45 @@ def unlikelihood_loss(logits: torch.Tensor, targets: torch.Tensor, mask: torch.T
 
 
 def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    tok = AutoTokenizer.from_pretrained(str(args.init_from))
+    prompts = _Prompts.of(args, tok)
+    log = open(args.work_dir / "ul-train.log", "a")
+
+    torch.manual_seed(args.seed)
+    model = AutoModelForCausalLM.from_pretrained(str(args.init_from), dtype=torch.float32)
+    before = json.loads((args.init_from / "training.json").read_text())
+    eval_len = min(256, args.seq_len)  # the windows train_target reports held-out loss over
+    step, elapsed = _train(args, model, prompts, eval_len, log)
+    args.out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(args.out), safe_serialization=True)
+    tok.save_pretrained(str(args.out))
+    hl = heldout_loss(model, prompts.held, eval_len, max_batches=200)
+    meta = {
+        "steps": step,
+        "objective": f"sequence-level unlikelihood (n={args.ngram}, alpha={args.alpha}) + MLE",
+        "ul_batch": args.ul_batch,
+        "new_tokens": args.new_tokens,
+        "mle_batch": args.mle_batch,
+        "seq_len": args.seq_len,
+        "lr": args.lr,
+        "train_seconds": round(elapsed, 1),
+        "heldout_loss": round(hl, 4),
+        "params": sum(p.numel() for p in model.parameters()),
+        "continued_from": before,
+        "total_train_seconds": round(elapsed + before.get("total_train_seconds", before["train_seconds"]), 1),
+    }
+    (args.out / "training.json").write_text(json.dumps(meta, indent=2) + "\n")
+    print(json.dumps({"done": meta}), file=log, flush=True)
+
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--init-from", type=Path, required=True, help="the target checkpoint to fine-tune")
     ap.add_argument("--work-dir", type=Path, default=Path(".demo-work/target-ul"))
@@ -82,54 +122,67 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--ckpt-every", type=int, default=25)
     ap.add_argument("--max-files", type=int, default=0, help="only the first N corpus files (smoke tests)")
-    args = ap.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    return ap
 
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    args.work_dir.mkdir(parents=True, exist_ok=True)
-    tok = AutoTokenizer.from_pretrained(str(args.init_from))
-    tok_dir = args.work_dir / "tokenizer"
-    if not (tok_dir / "tokenizer.json").exists():
-        tok.save_pretrained(str(tok_dir))
-    train = token_stream(tok_dir, "train", args.work_dir, args.max_files)
-    held = token_stream(tok_dir, "heldout", args.work_dir, args.max_files)
-    texts = [tok.decode([i]) for i in range(len(tok))]
-    ends = distill.docstring_ends(train, texts)
-    newline_ids = {i for t, i in tok.get_vocab().items() if t.endswith("Ċ")}
-    prompt_lens = tuple(int(x) for x in args.prompt_lens.split(","))
-    log = open(args.work_dir / "ul-train.log", "a")
+@dataclass(frozen=True)
+class _Prompts:
+    """The corpus token streams and where prompts may end in them (line ends, docstring closes)."""
 
-    torch.manual_seed(args.seed)
-    model = AutoModelForCausalLM.from_pretrained(str(args.init_from), dtype=torch.float32)
-    before = json.loads((args.init_from / "training.json").read_text())
+    train: np.ndarray
+    held: np.ndarray
+    ends: np.ndarray  # train indices that end a line closing a docstring
+    newline_ids: set[int]
+    prompt_lens: tuple[int, ...]
+
+    @classmethod
+    def of(cls, args: argparse.Namespace, tok) -> _Prompts:
+        tok_dir = args.work_dir / "tokenizer"
+        if not (tok_dir / "tokenizer.json").exists():
+            tok.save_pretrained(str(tok_dir))
+        train = token_stream(tok_dir, "train", args.work_dir, args.max_files)
+        held = token_stream(tok_dir, "heldout", args.work_dir, args.max_files)
+        texts = [tok.decode([i]) for i in range(len(tok))]
+        ends = distill.docstring_ends(train, texts)
+        newline_ids = {i for t, i in tok.get_vocab().items() if t.endswith("Ċ")}
+        return cls(train, held, ends, newline_ids, tuple(int(x) for x in args.prompt_lens.split(",")))
+
+
+def _greedy_continuations(args: argparse.Namespace, model, prompts: _Prompts, step: int, rng) -> tuple[np.ndarray, int]:
+    """(the model's greedy continuations of a batch of corpus prompts, the prompts' length)."""
+    pl = int(rng.choice(prompts.prompt_lens))
+    # Half the prompts end where a docstring closes (HumanEval's shape), half at a line end.
+    use_ends = prompts.ends if (step % 2 == 0 and len(prompts.ends) >= args.ul_batch) else None
+    train = prompts.train
+    starts = distill.prompt_starts(train, prompts.newline_ids, args.ul_batch, pl, pl + args.new_tokens, rng, use_ends)
+    batch = torch.from_numpy(np.stack([train[s : s + pl] for s in starts]).astype(np.int64))
+    model.eval()
+    with torch.no_grad():
+        gen = model.generate(
+            input_ids=batch,
+            attention_mask=torch.ones_like(batch),
+            max_new_tokens=args.new_tokens,
+            min_new_tokens=args.new_tokens,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    model.train()
+    return gen.numpy(), pl
+
+
+def _train(args: argparse.Namespace, model, prompts: _Prompts, eval_len: int, log) -> tuple[int, float]:
+    """Steps from the last checkpoint to args.steps, each an unlikelihood step on the model's own greedy
+    continuations plus an MLE step on corpus windows; returns (steps, training seconds)."""
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     ckpt_path = args.work_dir / "ul-ckpt.pt"
     step, elapsed = checkpoint.resume(ckpt_path, model, opt)
-    eval_len = min(256, args.seq_len)  # the windows train_target reports held-out loss over
+    train = prompts.train
     t_last = time.time()
     while step < args.steps:
         # Every batch is a pure function of (seed, step): a resumed run replays the same schedule.
         rng = np.random.default_rng([args.seed, step])
-        pl = int(rng.choice(prompt_lens))
-        # Half the prompts end where a docstring closes (HumanEval's shape), half at a line end.
-        use_ends = ends if (step % 2 == 0 and len(ends) >= args.ul_batch) else None
-        starts = distill.prompt_starts(train, newline_ids, args.ul_batch, pl, pl + args.new_tokens, rng, use_ends)
-        prompts = torch.from_numpy(np.stack([train[s : s + pl] for s in starts]).astype(np.int64))
-        model.eval()
-        with torch.no_grad():
-            gen = model.generate(
-                input_ids=prompts,
-                attention_mask=torch.ones_like(prompts),
-                max_new_tokens=args.new_tokens,
-                min_new_tokens=args.new_tokens,
-                do_sample=False,
-                eos_token_id=None,
-                pad_token_id=0,
-            )
-        model.train()
-        seqs = gen.numpy()
+        seqs, pl = _greedy_continuations(args, model, prompts, step, rng)
         mask = np.stack([repeated_ngram_mask(s, pl, args.ngram) for s in seqs])
         rep = float(np.mean([repetition_rate(s, pl) for s in seqs]))
         x = torch.from_numpy(seqs.astype(np.int64))
@@ -149,29 +202,10 @@ def main(argv: list[str] | None = None) -> None:
         if step % args.ckpt_every == 0 or step == args.steps:
             checkpoint.save_training(ckpt_path, model, opt, step, elapsed)
         if step % 100 == 0:
-            hl = heldout_loss(model, held, eval_len, 20)
+            hl = heldout_loss(model, prompts.held, eval_len, 20)
             print(json.dumps({"step": step, "heldout_loss": round(hl, 4)}), file=log, flush=True)
             t_last = time.time()
-    args.out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(args.out), safe_serialization=True)
-    tok.save_pretrained(str(args.out))
-    hl = heldout_loss(model, held, eval_len, max_batches=200)
-    meta = {
-        "steps": step,
-        "objective": f"sequence-level unlikelihood (n={args.ngram}, alpha={args.alpha}) + MLE",
-        "ul_batch": args.ul_batch,
-        "new_tokens": args.new_tokens,
-        "mle_batch": args.mle_batch,
-        "seq_len": args.seq_len,
-        "lr": args.lr,
-        "train_seconds": round(elapsed, 1),
-        "heldout_loss": round(hl, 4),
-        "params": sum(p.numel() for p in model.parameters()),
-        "continued_from": before,
-        "total_train_seconds": round(elapsed + before.get("total_train_seconds", before["train_seconds"]), 1),
-    }
-    (args.out / "training.json").write_text(json.dumps(meta, indent=2) + "\n")
-    print(json.dumps({"done": meta}), file=log, flush=True)
+    return step, elapsed
 
 
 if __name__ == "__main__":

@@ -18,7 +18,9 @@ expect raises `ReplicationError`, and the caller traces the whole model instead.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from dflash_cli.errors import DFlashError
 from dflash_cli.exporting.external_data import Initializer
@@ -76,18 +78,73 @@ def replicate_layers(model, plan: LayerPlan, weight_value) -> None:
     `weight_value(name, like)` returns the initializer value for weight `name` (without the wrapper
     prefix), shaped like the template's `like`.
     """
+    graph = model.graph
+    nodes = list(graph)
+    layer0 = _Layer0.find(graph, nodes, plan)
+    window = _WindowMask(graph, nodes, layer0.nodes, layer0.produced) if plan.full_layers else None
+    inputs = {v.name: v for v in graph.inputs}
+    outputs = {v.name: v for v in graph.outputs}
+    copier = _Copier(graph, plan, layer0, window, weight_value, inputs, outputs)
+    outs = [layer0.chain_out]  # each layer's output: layer k + 1 reads outs[k]
+    for k in range(1, plan.num_layers):
+        outs.append(copier.copy(k, outs[-1]))
+
+    _rewire(layer0.outside_reads, plan, outs)
+    missing = [x for x in plan.input_names if x not in inputs] + [x for x in plan.output_names if x not in outputs]
+    if missing:
+        raise ReplicationError(f"graph names missing after replication: {missing[:4]}")
+    graph.inputs[:] = [inputs[x] for x in plan.input_names]
+    graph.outputs[:] = [outputs[x] for x in plan.output_names]
+    graph.sort()
+
+
+@dataclass(frozen=True)
+class _Layer0:
+    """The traced layer 0, found from data flow (the module docstring)."""
+
+    prefix: str  # its parameters' path, "model.layers.0."
+    nodes: list  # its nodes, in graph order (the template every copy follows)
+    produced: set  # the values they produce
+    weights: set  # its weight initializers
+    pasts: set  # its past_*.0 cache inputs
+    chain_in: Any  # the hidden state entering it
+    chain_out: Any  # the hidden state leaving it
+    cache_outs: list  # its cache outputs among the graph's outputs
+    outside_reads: list[tuple[Any, int]]  # (node, input slot) outside the layer reading chain_out
+
+    @classmethod
+    def find(cls, graph, nodes: list, plan: LayerPlan) -> _Layer0:
+        prefix = plan.layers_prefix + "0."
+        weights = {v for v in graph.initializers.values() if v.name.removeprefix(WRAPPER_PREFIX).startswith(prefix)}
+        pasts = {v for v in graph.inputs if _PAST.match(v.name)}
+        chain_in = _single(_crossing(nodes, plan.embed_scope, leaving=True), "hidden state entering layer 0")
+        chain_out = _single(_crossing(nodes, plan.norm_scope, leaving=False), "hidden state leaving layer 0")
+        template = _template(nodes, set(weights) | pasts | {chain_in}, chain_out)
+        inside = set(template)
+        produced = {v for node in template for v in node.outputs}
+
+        # Who reads the layer from outside: the final norm and a taps Concat (chain_out only), and the
+        # graph outputs (layer 0's own cache outputs only).
+        outside_reads = []
+        for node in nodes:
+            if node in inside:
+                continue
+            for i, v in enumerate(node.inputs):
+                if v in produced:
+                    if v is not chain_out:
+                        raise ReplicationError(f"{node.name} reads {v.name} from inside layer 0")
+                    outside_reads.append((node, i))
+        cache_outs = [v for v in graph.outputs if v in produced]
+        if any(not _CACHE_OUT.match(v.name) for v in cache_outs) or len(cache_outs) != len(pasts):
+            raise ReplicationError(f"layer 0's graph outputs are not its caches: {[v.name for v in cache_outs]}")
+        return cls(prefix, template, produced, weights, pasts, chain_in, chain_out, cache_outs, outside_reads)
+
+
+def _template(nodes: list, layer_sources: set, chain_out) -> list:
+    """The nodes that depend on a layer-0 source and not on the hidden state leaving the layer."""
     import onnx_ir as ir
 
-    graph = model.graph
-    n = plan.num_layers
-    nodes = list(graph)
-    layer0 = plan.layers_prefix + "0."
-    weights0 = {v for v in graph.initializers.values() if v.name.removeprefix(WRAPPER_PREFIX).startswith(layer0)}
-    pasts0 = {v for v in graph.inputs if _PAST.match(v.name)}
-    chain_in = _single(_crossing(nodes, plan.embed_scope, leaving=True), "hidden state entering layer 0")
-    chain_out = _single(_crossing(nodes, plan.norm_scope, leaving=False), "hidden state leaving layer 0")
-
-    layer_dep: set = set(weights0) | pasts0 | {chain_in}
+    layer_dep: set = set(layer_sources)
     tail_dep: set = {chain_out}
     template = []
     for node in nodes:
@@ -101,73 +158,68 @@ def replicate_layers(model, plan: LayerPlan, weight_value) -> None:
             raise ReplicationError(f"node {node.name} has subgraphs")
     if chain_out.producer() not in template:
         raise ReplicationError("the final norm does not read layer 0's output")
-    inside = set(template)
-    produced = {v for node in template for v in node.outputs}
+    return template
 
-    # Who reads the layer from outside: the final norm and a taps Concat (chain_out only), and the
-    # graph outputs (layer 0's own cache outputs only).
-    outside_reads = []
-    for node in nodes:
-        if node in inside:
-            continue
-        for i, v in enumerate(node.inputs):
-            if v in produced:
-                if v is not chain_out:
-                    raise ReplicationError(f"{node.name} reads {v.name} from inside layer 0")
-                outside_reads.append((node, i))
-    cache_outs = [v for v in graph.outputs if v in produced]
-    if any(not _CACHE_OUT.match(v.name) for v in cache_outs) or len(cache_outs) != len(pasts0):
-        raise ReplicationError(f"layer 0's graph outputs are not its caches: {[v.name for v in cache_outs]}")
 
-    window = _WindowMask(graph, nodes, template, produced) if plan.full_layers else None
+@dataclass
+class _Copier:
+    """Appends copies of layer 0 to the graph: renamed nodes, layer k's weights and caches."""
 
-    outs = [chain_out]
-    inputs = {v.name: v for v in graph.inputs}
-    outputs = {v.name: v for v in graph.outputs}
-    for k in range(1, n):
-        mapping = {chain_in: outs[-1]}
-        full = k in plan.full_layers
+    graph: Any
+    plan: LayerPlan
+    layer0: _Layer0
+    window: _WindowMask | None  # where layer 0 cuts its window mask (plan.full_layers only)
+    weight_value: Callable
+    inputs: dict[str, Any]  # the graph's inputs by name; the copies' cache inputs are added
+    outputs: dict[str, Any]  # the graph's outputs by name; the copies' cache outputs are added
+
+    def copy(self, k: int, chain_in) -> Any:
+        """Layer k, reading `chain_in`; returns the hidden state leaving it."""
+        import onnx_ir as ir
+
+        layer0, window = self.layer0, self.window
+        mapping = {layer0.chain_in: chain_in}
+        full = k in self.plan.full_layers
         if full:
             mapping.update(window.outside)
-        for v in pasts0:
-            mapping[v] = inputs[_layer_name(v.name, k)] = _new_input(ir, v, _layer_name(v.name, k))
-        for node in template:
+        for v in layer0.pasts:
+            mapping[v] = self.inputs[_layer_name(v.name, k)] = _new_input(ir, v, _layer_name(v.name, k))
+        for node in layer0.nodes:
             if full and node is window.inside:  # the mask it would cut: the full one
                 mapping[node.outputs[0]] = mapping.get(node.inputs[0], node.inputs[0])
                 continue
-            args = []
-            for v in node.inputs:
-                if v is not None and v not in mapping and v in weights0:
-                    name = v.name.removeprefix(WRAPPER_PREFIX).replace(layer0, f"{plan.layers_prefix}{k}.", 1)
-                    mapping[v] = weight_value(name, v)
-                args.append(mapping.get(v, v) if v is not None else None)
-            copy = ir.Node(
-                node.domain,
-                node.op_type,
-                args,
-                attributes=list(node.attributes.values()),
-                overload=node.overload,
-                num_outputs=len(node.outputs),
-                version=node.version,
-                name=f"{node.name}__L{k}",
-                metadata_props={key: _rename_scope(val, k) for key, val in node.metadata_props.items()},
-            )
-            for old, new in zip(node.outputs, copy.outputs):
-                new.name = _layer_name(old.name, k) if old in cache_outs else f"{old.name}__L{k}"
-                new.type, new.shape = old.type, old.shape
-                mapping[old] = new
-                if old in cache_outs:
-                    outputs[new.name] = new
-            graph.append(copy)
-        outs.append(mapping[chain_out])
+            self.graph.append(self._copy_node(node, k, mapping))
+        return mapping[layer0.chain_out]
 
-    _rewire(outside_reads, plan, outs)
-    missing = [x for x in plan.input_names if x not in inputs] + [x for x in plan.output_names if x not in outputs]
-    if missing:
-        raise ReplicationError(f"graph names missing after replication: {missing[:4]}")
-    graph.inputs[:] = [inputs[x] for x in plan.input_names]
-    graph.outputs[:] = [outputs[x] for x in plan.output_names]
-    graph.sort()
+    def _copy_node(self, node, k: int, mapping: dict):
+        """`node` for layer k, its inputs mapped (weights made on first use) and its outputs added to `mapping`."""
+        import onnx_ir as ir
+
+        layer0 = self.layer0
+        args = []
+        for v in node.inputs:
+            if v is not None and v not in mapping and v in layer0.weights:
+                name = v.name.removeprefix(WRAPPER_PREFIX).replace(layer0.prefix, f"{self.plan.layers_prefix}{k}.", 1)
+                mapping[v] = self.weight_value(name, v)
+            args.append(mapping.get(v, v) if v is not None else None)
+        copy = ir.Node(
+            node.domain,
+            node.op_type,
+            args,
+            attributes=list(node.attributes.values()),
+            overload=node.overload,
+            num_outputs=len(node.outputs),
+            version=node.version,
+            name=f"{node.name}__L{k}",
+            metadata_props={key: _rename_scope(val, k) for key, val in node.metadata_props.items()},
+        )
+        for old, new in zip(node.outputs, copy.outputs):
+            new.name = _layer_name(old.name, k) if old in layer0.cache_outs else f"{old.name}__L{k}"
+            new.type, new.shape = old.type, old.shape
+            mapping[old] = new
+            if old in layer0.cache_outs:
+                self.outputs[new.name] = new
+        return copy
 
 
 class _WindowMask:

@@ -64,90 +64,23 @@ class ExportStage:
         }
 
     def run(self, ctx: StageContext) -> dict[str, Any]:
-        from dflash_cli.exporting.options import ExportOptions, PairShape
+        from dflash_cli.exporting.options import PairShape
         from dflash_cli.modeling.loading import load_pair_info
 
         e = ctx.recipe.export
         src = ctx.inputs["inject"]
         pair = load_pair_info(src)
         B, P, C = pair["block_size"], e.prefill_seq_len, e.ctx_len
-        problems = export_shape_problems(B, P, C)  # the recipe checked these unless the block is the draft's
-        from dflash_cli.modeling.dflash2_config import check_window
-
-        check_window(json.loads((src / "draft" / "config.json").read_text()), C)
-        if problems:
-            raise RecipeError(problems[0], hint="set export.prefill_seq_len / export.ctx_len in the recipe or by --set")
-        if e.exporter == "torchscript" and full_batch_size(ctx.recipe):
-            raise RecipeError(
-                "compile.qaic.full_batch_size needs the dynamo exporter", hint="--set export.exporter=dynamo"
-            )
-        if e.exporter == "torchscript" and e.dtype != "fp32":
-            raise RecipeError(
-                "export.exporter=torchscript supports export.dtype=fp32 only",
-                hint="--set export.exporter=dynamo for fp16 graphs",
-            )
+        _check_settings(ctx.recipe, src, B)
         out = ctx.out_dir
         shape = PairShape(B, P, C, pair["hidden_size"])
-        validation = "off"
         lean = lean_export(ctx.recipe)
-        if e.validate_outputs:  # a large pair validates a reduced model: memory bounded whatever its size
-            # (and a lean export's own graphs cannot run: their weights are left out)
-            validation = "reduced" if lean or _fp32_bytes(src) > FULL_VALIDATION_BYTES else "full"
-        options = ExportOptions.of(e, validation, lean, full_batch_size(ctx.recipe), moe_ops(ctx.recipe))
-        if lean:
-            ctx.progress("lean export: the compile reads the checkpoint's weights from the checkpoint (export.weights)")
-        reduced = None
-        if options.validation == "reduced":
-            from dflash_cli.exporting.reduced import ReducedGraphs, ReducedPlan
-
-            plan = ReducedPlan.of(src, pair)
-            too_big = _validation_does_not_fit(plan.fp32_bytes(src))
-            if too_big:  # the kernel would kill the build without a word; say why and go on unvalidated
-                ctx.progress(f"validation skipped: {too_big} (the compile stage still checks its graphs)")
-                options = ExportOptions.of(e, "off", lean, full_batch_size(ctx.recipe), moe_ops(ctx.recipe))
-            else:
-                reduced = ReducedGraphs(src, out, plan, options)
-        if e.exporter == "dynamo":
-            import torch
-
-            from dflash_cli.exporting.graphs import export_pair
-
-            ctx.progress(f"tracing on the meta device and streaming {e.dtype} weights (opset {e.opset})")
-            # One torch thread: the writer and hasher threads take the other core (a second OpenMP thread
-            # mostly spun between conversions; benchmarks/results/scale/export-threads-s10.txt).
-            threads = torch.get_num_threads()
-            torch.set_num_threads(1)
-            try:
-                graphs = export_pair(src, out, shape, options, ctx.progress, reduced)
-            except BaseException:
-                if reduced is not None:
-                    reduced.remove()
-                raise
-            finally:
-                torch.set_num_threads(threads)
-        else:
-            graphs = _export_torchscript(src, out, shape, e, ctx.progress)
+        options, reduced = _validation_plan(ctx, src, pair, lean)
+        graphs = _export_graphs(ctx, src, shape, options, reduced)
         checks: list = []
         mode = "off"
         if options.validation != "off":
-            from dflash_cli.exporting.validate import validate_export
-
-            checks, mode = validate_export(src, out, shape, options, pair, reduced=reduced, progress=ctx.progress)
-            (out / "validation.json").write_text(
-                json.dumps({"mode": mode, "checks": [c.to_dict() for c in checks]}, indent=2) + "\n"
-            )
-            bad = [c for c in checks if not c.ok]
-            ctx.progress(
-                f"validation ({mode}): {len(checks) - len(bad)}/{len(checks)} outputs within tolerance; "
-                f"largest relative gap {max((c.max_diff / c.tolerance for c in checks if c.tolerance), default=0):.2g}"
-                " of tolerance (table in validation.json)"
-            )
-            if bad:
-                raise ExportValidationError(
-                    f"export validation failed: {bad[0].graph} {bad[0].output} ({bad[0].call}) differs by "
-                    f"{bad[0].max_diff:.3g} > {bad[0].tolerance:.3g} ({len(bad)} outputs over tolerance)",
-                    hint="see validation.json in the export artifact; try `--set export.exporter=torchscript`",
-                )
+            checks, mode = _validate(ctx, src, shape, options, pair, reduced)
         shutil.copy2(src / "pair.json", out / "pair.json")
         info = {
             "block_size": B,
@@ -168,6 +101,100 @@ class ExportStage:
         }
 
 
+def _check_settings(recipe: Any, src: Path, block_size: int) -> None:
+    """Refuse export settings the graphs cannot take, before anything is traced."""
+    from dflash_cli.modeling.dflash2_config import check_window
+
+    e = recipe.export
+    C = e.ctx_len
+    # The recipe checked these already, unless the block size is the draft's.
+    problems = export_shape_problems(block_size, e.prefill_seq_len, C)
+    check_window(json.loads((src / "draft" / "config.json").read_text()), C)
+    if problems:
+        raise RecipeError(problems[0], hint="set export.prefill_seq_len / export.ctx_len in the recipe or by --set")
+    if e.exporter == "torchscript" and full_batch_size(recipe):
+        raise RecipeError("compile.qaic.full_batch_size needs the dynamo exporter", hint="--set export.exporter=dynamo")
+    if e.exporter == "torchscript" and e.dtype != "fp32":
+        raise RecipeError(
+            "export.exporter=torchscript supports export.dtype=fp32 only",
+            hint="--set export.exporter=dynamo for fp16 graphs",
+        )
+
+
+def _validation_plan(ctx: StageContext, src: Path, pair: dict, lean: bool):
+    """(the export's options, the reduced model's graphs when the validation checks one, else None)."""
+    from dflash_cli.exporting.options import ExportOptions
+
+    e = ctx.recipe.export
+    validation = "off"
+    if e.validate_outputs:  # a large pair validates a reduced model: memory bounded whatever its size
+        # (and a lean export's own graphs cannot run: their weights are left out)
+        validation = "reduced" if lean or _fp32_bytes(src) > FULL_VALIDATION_BYTES else "full"
+    options = ExportOptions.of(e, validation, lean, full_batch_size(ctx.recipe), moe_ops(ctx.recipe))
+    if lean:
+        ctx.progress("lean export: the compile reads the checkpoint's weights from the checkpoint (export.weights)")
+    reduced = None
+    if options.validation == "reduced":
+        from dflash_cli.exporting.reduced import ReducedGraphs, ReducedPlan
+
+        plan = ReducedPlan.of(src, pair)
+        too_big = _validation_does_not_fit(plan.fp32_bytes(src))
+        if too_big:  # the kernel would kill the build without a word; say why and go on unvalidated
+            ctx.progress(f"validation skipped: {too_big} (the compile stage still checks its graphs)")
+            options = ExportOptions.of(e, "off", lean, full_batch_size(ctx.recipe), moe_ops(ctx.recipe))
+        else:
+            reduced = ReducedGraphs(src, ctx.out_dir, plan, options)
+    return options, reduced
+
+
+def _export_graphs(ctx: StageContext, src: Path, shape, options, reduced) -> dict[str, Any]:
+    """Trace and write the graphs (with the reduced model's, when there is one); returns their facts."""
+    e = ctx.recipe.export
+    if e.exporter != "dynamo":
+        return _export_torchscript(src, ctx.out_dir, shape, e, ctx.progress)
+    import torch
+
+    from dflash_cli.exporting.graphs import export_pair
+
+    ctx.progress(f"tracing on the meta device and streaming {e.dtype} weights (opset {e.opset})")
+    # One torch thread: the writer and hasher threads take the other core (a second OpenMP thread
+    # mostly spun between conversions; benchmarks/results/scale/export-threads-s10.txt).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return export_pair(src, ctx.out_dir, shape, options, ctx.progress, reduced)
+    except BaseException:
+        if reduced is not None:
+            reduced.remove()
+        raise
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _validate(ctx: StageContext, src: Path, shape, options, pair: dict, reduced) -> tuple[list, str]:
+    """Check the graphs' outputs against PyTorch (validation.json); raises when any is over tolerance."""
+    from dflash_cli.exporting.validate import validate_export
+
+    out = ctx.out_dir
+    checks, mode = validate_export(src, out, shape, options, pair, reduced=reduced, progress=ctx.progress)
+    (out / "validation.json").write_text(
+        json.dumps({"mode": mode, "checks": [c.to_dict() for c in checks]}, indent=2) + "\n"
+    )
+    bad = [c for c in checks if not c.ok]
+    ctx.progress(
+        f"validation ({mode}): {len(checks) - len(bad)}/{len(checks)} outputs within tolerance; "
+        f"largest relative gap {max((c.max_diff / c.tolerance for c in checks if c.tolerance), default=0):.2g}"
+        " of tolerance (table in validation.json)"
+    )
+    if bad:
+        raise ExportValidationError(
+            f"export validation failed: {bad[0].graph} {bad[0].output} ({bad[0].call}) differs by "
+            f"{bad[0].max_diff:.3g} > {bad[0].tolerance:.3g} ({len(bad)} outputs over tolerance)",
+            hint="see validation.json in the export artifact; try `--set export.exporter=torchscript`",
+        )
+    return checks, mode
+
+
 def lean_export(recipe: Any) -> bool:
     """Whether the export leaves the checkpoint's weights out: only its compile reads it, and that compile
     quantises every weight it would read from the export (an int8/int4 ONNX Runtime build)."""
@@ -185,7 +212,7 @@ def full_batch_size(recipe: Any) -> int:
 def moe_ops(recipe: Any) -> str:
     """How a mixture-of-experts target's experts are written: standard ops for QAIC (its compiler has no MoE op),
     ONNX Runtime's MoE op otherwise (exporting/options.py)."""
-    from dflash_cli.modeling.families import FAMILIES
+    from dflash_cli.families import FAMILIES
 
     fam = FAMILIES.get(recipe.family)
     return "gathered" if recipe.compile.backend == "qaic" and fam is not None and fam.moe else "ort"
