@@ -69,8 +69,10 @@ class ExportConfig(_Section):
 class OrtConfig(_Section):
     # int8 / int4: weight-only MatMulNBits (block-wise scales along K), so every position's output is
     # independent of the other tokens in the call and greedy speculative decoding stays lossless.
-    precision: Literal["fp32", "int8", "int4"] = "fp32"
-    block_size: Literal[16, 32, 64, 128, 256] = 32  # quantisation block along K for int8 / int4
+    # w8a8: int8 weights (a scale per column) times each activation row quantised on its own, summed as
+    # integers (ortcompile/rows_product.py): exact at any call length, verify rows cost less; not hybrid targets.
+    precision: Literal["fp32", "int8", "int4", "w8a8"] = "fp32"
+    block_size: Literal[16, 32, 64, 128, 256] = 32  # quantisation block along K for int8 / int4 (w8a8: tables)
     # MatMulNBits' compute for int8 / int4: 4 = int8 dot products on activations quantised per row and block
     # (positions stay independent), 0 = fp32; None: 4, or 0 for a hybrid target (stages/compile.accuracy_level).
     accuracy_level: Literal[0, 4] | None = None

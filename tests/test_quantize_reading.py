@@ -9,7 +9,8 @@ import pytest
 from onnx import TensorProto
 
 from dflash_cli.exporting.onnx_data import prefetch, read_initializer
-from dflash_cli.ortcompile.quantize import _external_tensor, _transposed
+from dflash_cli.ortcompile.quantize_forms import transposed as _transposed
+from dflash_cli.ortcompile.quantize_store import external_tensor as _external_tensor
 
 pytestmark = pytest.mark.slow  # builds or exports pairs: left out of `make test-fast`
 
@@ -40,12 +41,12 @@ def test_prefetch_is_advice_only(tmp_path: Path) -> None:
 
 
 def test_two_halves_quantise_to_exactly_the_whole(monkeypatch) -> None:
-    from dflash_cli.ortcompile import quantize
+    from dflash_cli.ortcompile import quantize_forms as quantize
 
     w = np.random.default_rng(1).standard_normal((96, 64)).astype(np.float32)  # [N, K]
-    whole = quantize._quantize(np.ascontiguousarray(w.T), 4, 32)
+    whole = quantize.quantize_kn(np.ascontiguousarray(w.T), 4, 32)
     monkeypatch.setattr(quantize, "SPLIT_ROWS", 16)  # N = 96 >= 2 x 16: split
-    halves = quantize._quantize_rows(w, 4, 32)
+    halves = quantize.quantize_rows(w, 4, 32)
     for a, b in zip(whole, halves):
         np.testing.assert_array_equal(a, b)
 

@@ -2,7 +2,8 @@
 
 Layers are anchored by their weights' names, not by op patterns: layer i's projections are the MatMuls of
 initializers named `...layers.i.self_attn.{q,k,v,o}_proj.weight` (plain, transposed, MatMulNBits' `.w4` /
-`.w8`, or one stacked q/k/v MatMulNBits and its Split that names its parts, ortcompile/quantize.py).
+`.w8`, w8a8's RowsMatMul `.w8a8` [in, out], or one stacked q/k/v projection and its Split that names its
+parts, ortcompile/quantize.py).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-_PROJ = re.compile(r"layers\.(\d+)\.self_attn\.([qkvo])_proj\.weight(\.w\d+)?$")
+_PROJ = re.compile(r"layers\.(\d+)\.self_attn\.([qkvo])_proj\.weight(\.w\d+(a8)?)?$")
 
 
 @dataclass
@@ -39,7 +40,7 @@ class GraphIndex:
         )
 
     def weight_of(self, node) -> str | None:
-        if node.op_type not in ("MatMul", "MatMulNBits") or len(node.input) < 2:
+        if node.op_type not in ("MatMul", "MatMulNBits", "RowsMatMul") or len(node.input) < 2:
             return None
         b = node.input[1]
         if b not in self.inits and b in self.producers and self.producers[b].op_type == "Transpose":
@@ -115,7 +116,8 @@ def _projections(node, weight_of, consumers, inits):
 
 
 def _out_features(node, weight) -> int | None:
-    """A projection's output width: MatMulNBits says N; a MatMul reads W [in, out] or Transpose(W [out, in])."""
+    """A projection's output width: MatMulNBits says N; a MatMul (or RowsMatMul) reads W [in, out] or
+    Transpose(W [out, in])."""
     if node.op_type == "MatMulNBits":
         return next((a.i for a in node.attribute if a.name == "N"), None)
     if len(weight.dims) != 2:
