@@ -43,6 +43,9 @@ def test_quantised_moe_build_runs_and_benches_losslessly(family: str, precision:
     dec = doc["decomposition"]  # the verify-cost curve up to the block (4 here) and the break-even tau
     assert set(dec["t_verify_curve_s"]) == {"1", "2", "4"} and dec["verify_cost_ratio"]["1"] == 1.0
     assert dec["break_even_tau"] == (dec["t_verify_s"] + dec["t_draft_s"]) / dec["t1_s"]
+    curve = dec["t_verify_curve_s"]
+    assert dec["verify_row_s"] == (curve["4"] - curve["1"]) / 3  # one more verify row, and its rate
+    assert dec["target_macs_per_row"] > 0 and dec["verify_row_gops"] != 0
     # the draft's prefix graph takes fewer rows: a step drafting and verifying 2 of the 4 breaks even lower
     assert set(dec["t_draft_curve_s"]) == {"2", "4"} and dec["t_draft_curve_s"]["4"] == dec["t_draft_s"]
     assert dec["break_even_tau_by_rows"]["4"] == dec["break_even_tau"]
@@ -53,4 +56,4 @@ def test_quantised_moe_build_runs_and_benches_losslessly(family: str, precision:
     )
     text = dflash_ok("bench", *common, "--dataset", str(tmp_path / "prompts.jsonl"), "--max-new-tokens", "8").stdout
     assert "verify cost T(n)/T(1)" in text and "break-even tau" in text and "rows drafted+verified" in text
-    assert "n verified, n-1 proposed" in text
+    assert "n verified, n-1 proposed" in text and "verify row (T(B)-T(1))/(B-1)" in text

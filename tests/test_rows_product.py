@@ -79,6 +79,11 @@ def test_w8a8_build_is_checked_and_lossless(family: str, request, tmp_path: Path
     assert "RowsMatMul" in ops and "MatMulNBits" not in ops
     weights = {t.name for t in graph.initializer}
     assert not [n.name for n in graph.node if n.op_type == "MatMul" and set(n.input) & weights]
+    # Every projection is counted for the bench's rate of a verify row, as in the exported graph.
+    from dflash_cli.ortcompile.checks import projection_macs
+
+    (export,) = (engine.compile_dir.parent.parent / "export").iterdir()
+    assert projection_macs(engine.compile_dir / "target.onnx") == projection_macs(export / "target.onnx") > 0
     for prompt in mixed_prompts(engine.tokenizer.vocab_size, n=12):
         plain = engine.generate(prompt, mode="plain", max_new_tokens=10)
         for mode in ("dflash", "lookup", "hybrid"):

@@ -20,6 +20,7 @@ from typing import Any
 from dflash_cli.bench import metrics
 from dflash_cli.bench.datasets import dataset_name
 from dflash_cli.bench.environment import environment
+from dflash_cli.bench.machine_peak import machine_peak
 from dflash_cli.bench.runner import BASELINE_MODE, BenchResult
 from dflash_cli.bench.spread import bootstrap, spread
 from dflash_cli.bench.vllm_fields import latency_fields, spec_decode_fields
@@ -225,6 +226,8 @@ def decomposition(result: BenchResult, by_mode: dict[str, list[GenerationResult]
     drafts = {int(n): s for n, s in (times.get("t_draft_curve") or {}).items()}
     by_rows = {n: (d + curve[n]) / t1 for n, d in drafts.items() if n in curve} if t1 else {}
     asked = {int(n): s for n, s in (times.get("t_draft_proposals_curve") or {}).items()}
+    row_s = (curve[max(curve)] - curve[1]) / (max(curve) - 1) if 1 in curve and max(curve) > 1 else None
+    macs = result.engine_info.get("target_macs_per_row")
     by_verify = {n: (d + curve[n]) / t1 for n, d in asked.items() if n in curve} if t1 else {}
     return {
         "block_size": result.block_size,
@@ -244,6 +247,12 @@ def decomposition(result: BenchResult, by_mode: dict[str, list[GenerationResult]
         # tau when it verifies n: (T_draft(n - 1 proposals) + T(n)) / T(1)
         "t_draft_proposals_curve_s": asked or None,
         "break_even_tau_by_verify": by_verify or None,
+        # what one more verify row costs ((T(B) - T(1)) / (B - 1)), its rate in the target's weight products
+        # (two operations a multiply-add), and the processor's peak (bench/machine_peak.py)
+        "verify_row_s": row_s,
+        "target_macs_per_row": macs,
+        "verify_row_gops": 2 * macs / row_s / 1e9 if macs and row_s and row_s > 0 else None,
+        "machine_peak": machine_peak(),
         "mean_acceptance_length": tau,
         "ceiling_speedup": ceiling,
         "measured_speedup": metrics.decode_speedup(baseline, dflash) if baseline is not None else None,

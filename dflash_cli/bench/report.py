@@ -172,6 +172,8 @@ def decomposition_table(dec: dict[str, Any]) -> Table:
     if dec.get("break_even_tau_by_verify"):
         rows = sorted(dec["break_even_tau_by_verify"].items(), key=lambda i: int(i[0]))
         table.add_row("break-even tau, n verified, n-1 proposed", "  ".join(f"{n}: {t:.2f}" for n, t in rows))
+    if dec.get("verify_row_s") is not None:
+        table.add_row("verify row (T(B)-T(1))/(B-1)", _verify_row(dec))
     table.add_row("tau", _num(dec["mean_acceptance_length"], ".2f"))
     table.add_row("ceiling tau·T(1)/(T_verify+T_draft)", _num(dec["ceiling_speedup"], ".2f", suffix="x"))
     table.add_row("measured speedup", _num(dec["measured_speedup"], ".2f", suffix="x"))
@@ -179,6 +181,16 @@ def decomposition_table(dec: dict[str, Any]) -> Table:
         table.add_row(f"weight bandwidth ({mode})", _num(gbs, ".1f", suffix=" GB/s"))
     table.add_row("loop overhead (outside sessions)", _num(dec["loop_overhead_fraction"], ".1%"))
     return table
+
+
+def _verify_row(dec: dict[str, Any]) -> str:
+    text = _num(dec["verify_row_s"], ".1f", 1e3, " ms")
+    if dec.get("verify_row_gops"):
+        text += f", {dec['verify_row_gops']:.0f} GOP/s"
+        peak = dec.get("machine_peak")
+        if peak:
+            text += f" (peak {peak['int8_gops']:.0f} int8 / {peak['fp32_gflops']:.0f} fp32, {peak['isa']})"
+    return text
 
 
 def sweep_table(sweep: dict[str, Any]) -> Table:

@@ -242,10 +242,22 @@ def describe_engine(engine: Any) -> dict[str, Any]:
         "artifact_keys": dict(engine.artifact_keys),
         "provider": engine.provider,
         "weight_bytes": dict(engine.weight_bytes),
+        "target_macs_per_row": _target_macs(engine),
         "ctx_len": int(engine.ctx_len),
         "compile": dict(getattr(engine, "compile_facts", None) or {}),
         "run": _output_settings(engine),
     }
+
+
+def _target_macs(engine: Any) -> int | None:
+    """Multiply-adds per token in the target's weight products (an ONNX Runtime build's graph), else None."""
+    compile_dir = getattr(engine, "compile_dir", None)
+    graph = compile_dir / "target.onnx" if compile_dir is not None else None
+    if graph is None or not graph.is_file():
+        return None
+    from dflash_cli.ortcompile.checks import projection_macs
+
+    return projection_macs(graph) or None
 
 
 def _output_settings(engine: Any) -> dict[str, Any]:

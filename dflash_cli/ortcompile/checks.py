@@ -216,3 +216,23 @@ def matches_reference(
                 )
     fused.reset()
     return worst
+
+
+def projection_macs(onnx_path: Path) -> int:
+    """Multiply-adds one row (token) costs in the graph's weight products: K x N of every MatMul with a constant
+    weight, MatMulNBits and RowsMatMul (ortcompile/quantize_forms.py). Experts (QMoE) are not counted."""
+    import onnx
+
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    inits = {t.name: t for t in model.graph.initializer}
+    transposes = {n.output[0]: n.input[0] for n in model.graph.node if n.op_type == "Transpose"}
+    total = 0
+    for node in model.graph.node:
+        if node.op_type == "MatMulNBits":
+            attrs = {a.name: a.i for a in node.attribute}
+            total += attrs.get("K", 0) * attrs.get("N", 0)
+        elif node.op_type in ("MatMul", "RowsMatMul") and len(node.input) > 1:
+            weight = inits.get(node.input[1]) or inits.get(transposes.get(node.input[1], ""))
+            if weight is not None and len(weight.dims) == 2:
+                total += weight.dims[0] * weight.dims[1]
+    return total
