@@ -29,14 +29,13 @@ def test_quantised_build_runs_and_benches_losslessly(precision: str, tmp_path: P
 
 
 def test_accuracy_level_defaults_by_family() -> None:
-    from types import SimpleNamespace
+    from dflash_cli.recipe import load_recipe
 
-    from dflash_cli.stages.compile import accuracy_level
+    def level(family: str, asked: int | None = None) -> int:
+        sets = [f"family={family}", *([f"compile.ort.accuracy_level={asked}"] if asked is not None else [])]
+        return load_recipe("demo", sets).ort_accuracy_level()
 
-    def recipe(family: str, level):
-        return SimpleNamespace(family=family, compile=SimpleNamespace(ort=SimpleNamespace(accuracy_level=level)))
-
-    assert accuracy_level(recipe("qwen3", None)) == 4
-    assert accuracy_level(recipe("llama", None)) == 4
-    assert accuracy_level(recipe("qwen3_5", None)) == 0
-    assert accuracy_level(recipe("qwen3_5", 4)) == 4  # asked for: the build warns
+    assert level("qwen3") == 4
+    assert level("llama") == 4
+    assert level("qwen3_5") == 0
+    assert level("qwen3_5", 4) == 4  # asked for: the build warns

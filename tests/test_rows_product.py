@@ -8,9 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dflash_cli.errors import DFlashError
 from dflash_cli.ortcompile.rows_product import WEIGHT_LEVELS, add_function, quantize_columns, rows_node
-from tests.engines import build_recipe, mixed_prompts, open_engine
+from tests.engines import mixed_prompts, open_engine
 from tests.fixtures.tiny_pairs import TinyPair
 
 
@@ -90,11 +89,12 @@ def test_w8a8_build_is_checked_and_lossless(family: str, request, tmp_path: Path
             assert engine.generate(prompt, mode=mode, max_new_tokens=10).tokens == plain.tokens, (mode, prompt)
 
 
-@pytest.mark.slow
-def test_w8a8_refused_for_a_hybrid_target(tmp_path: Path) -> None:
-    from tests.fixtures.tiny_pairs import make_pair
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe"])
+def test_w8a8_refused_for_a_family_whose_activations_stay_float(family: str) -> None:
+    from dflash_cli.errors import RecipeError
+    from dflash_cli.recipe import load_recipe
 
-    pair = make_pair(tmp_path / "pair", "qwen3_5")
-    with pytest.raises(DFlashError, match="w8a8 is not available for qwen3_5"):
-        build_recipe(pair, tmp_path / "build", compile={"ort": {"precision": "w8a8"}})
-    assert not (tmp_path / "build" / "cache").exists() or not any((tmp_path / "build" / "cache").rglob("*.onnx"))
+    with pytest.raises(RecipeError, match=f"w8a8 quantises activations, which {family} cannot take losslessly"):
+        load_recipe("demo", [f"family={family}", "compile.ort.precision=w8a8"])
+    with pytest.raises(RecipeError, match="w8a8 computes on fp32 activations"):
+        load_recipe("demo", ["compile.ort.precision=w8a8", "export.dtype=fp16"])

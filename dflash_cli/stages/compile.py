@@ -13,7 +13,6 @@ from __future__ import annotations
 import shutil
 from typing import Any
 
-from dflash_cli.errors import DFlashError
 from dflash_cli.stages.base import StageContext
 
 
@@ -40,11 +39,9 @@ class CompileStage:
         fields = {"backend": "ort", "precision": c.ort.precision, "fuse": c.ort.fuse}
         if c.ort.fuse:
             fields["fuse_attention"] = c.ort.fuse_attention
-        if c.ort.precision == "w8a8":
-            _refuse_rows_product(recipe)
         if c.ort.precision != "fp32":
             fields["block_size"] = c.ort.block_size
-            fields["accuracy_level"] = accuracy_level(recipe)
+            fields["accuracy_level"] = recipe.ort_accuracy_level()
         return fields
 
     def run(self, ctx: StageContext) -> dict[str, Any]:
@@ -58,38 +55,6 @@ class CompileStage:
         from dflash_cli.stages.compile_ort import compile_ort
 
         return compile_ort(ctx)
-
-
-def is_hybrid_family(family: str) -> bool:
-    from dflash_cli.families import family_named
-
-    return family_named(family).hybrid
-
-
-def accuracy_level(recipe: Any) -> int:
-    """compile.ort.accuracy_level, or its default for the recipe's family: 4 (int8 compute), but 0 (fp32)
-    for a hybrid linear-attention target. Its delta rule rounds in the last bits differently in calls of
-    other lengths, and activations quantised to int8 turn that into other tokens: on the Qwen3.5-9B shape
-    at level 4, greedy DFlash left greedy plain decoding at the second token."""
-    level = recipe.compile.ort.accuracy_level
-    if level is not None:
-        return level
-    return 0 if is_hybrid_family(recipe.family) else 4
-
-
-def _refuse_rows_product(recipe: Any) -> None:
-    """w8a8 quantises every projection's activations: refused where that cannot stay lossless or is not built."""
-    if is_hybrid_family(recipe.family):
-        raise DFlashError(
-            f"compile.ort.precision w8a8 is not available for {recipe.family}: its delta rule rounds differently "
-            "in calls of other lengths, and activations quantised to int8 would turn that into other tokens",
-            hint="use compile.ort.precision int8 or int4 (accuracy_level 0) for this family",
-        )
-    if recipe.export.dtype != "fp32":
-        raise DFlashError(
-            f"compile.ort.precision w8a8 computes on fp32 activations; this recipe exports {recipe.export.dtype}",
-            hint="set export.dtype: fp32 (the default) for a w8a8 build",
-        )
 
 
 def _qaic_options(recipe: Any):
