@@ -140,6 +140,11 @@ REWRITE_RTOL = {"fp32": 1e-4, "fp16": 2e-2}  # relative to the largest magnitude
 # rewrite moves features by O(1); this bound still catches that. Lossless decoding is checked on the
 # compiled graphs themselves (greedy DFlash == greedy plain), not by this comparison.
 QUANTIZED_RTOL = 0.1
+# w8a8 quantises each activation row on its own (ortcompile/rows_product.py): a last-bit difference before a
+# projection moves a code by a step of the whole row's range (level 4: of 32 inputs'), and 36 random layers
+# amplify it: the random-weight Qwen3-4B shape's prefix-cache target moved by 0.101 of its features' largest
+# magnitude. Still well below a broken rewrite's O(1).
+ROWS_RTOL = 0.25
 
 
 def _fused_check_calls(session, gname: str, info: dict, vocab_size: int, seed: int = 0) -> list[dict]:
@@ -177,15 +182,21 @@ def reference_outputs(unfused, gname: str, info: dict, vocab_size: int) -> list[
 
 
 def matches_reference(
-    fused, reference: list[tuple[dict, dict]], label: str, dtype: str = "fp32", quantized: bool = False
+    fused,
+    reference: list[tuple[dict, dict]],
+    label: str,
+    dtype: str = "fp32",
+    quantized: bool = False,
+    rows: bool = False,
 ) -> dict[str, float]:
     """A rewritten graph (ortcompile.fuse, or a prefix-cache twin) on the calls `reference_outputs` recorded
     from the exported graph, on real (not padding) rows: float outputs within REWRITE_RTOL[dtype]; token
     outputs equal in fp32 (in fp16 a near tie may flip with the rounding, so only the features judge; so
-    too with `quantized` weights, judged within QUANTIZED_RTOL). Raises DFlashError naming the output;
+    too with `quantized` weights, judged within QUANTIZED_RTOL, or ROWS_RTOL with `rows`: w8a8's activations).
+    Raises DFlashError naming the output;
     returns the largest relative difference per output (for tokens: the fraction that differ).
     """
-    rtol = QUANTIZED_RTOL if quantized else REWRITE_RTOL.get(dtype, REWRITE_RTOL["fp16"])
+    rtol = ROWS_RTOL if rows else QUANTIZED_RTOL if quantized else REWRITE_RTOL.get(dtype, REWRITE_RTOL["fp16"])
     worst: dict[str, float] = {}
     fused.reset()
     for feeds, ref in reference:
