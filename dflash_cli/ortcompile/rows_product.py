@@ -40,14 +40,9 @@ def quantize_columns(w: np.ndarray, transposed: bool) -> tuple[np.ndarray, np.nd
         scale = np.where(peak > 0, peak / WEIGHT_LEVELS, 1.0).astype(np.float32)
         codes[start : start + len(part)] = np.clip(np.rint(part / scale[:, None]), -WEIGHT_LEVELS, WEIGHT_LEVELS)
         scales[start : start + len(part)] = scale
-    return _contiguous_t(codes), scales
+    from dflash_cli.ortcompile.quantize_forms import transposed
 
-
-def _contiguous_t(a: np.ndarray) -> np.ndarray:
-    """a.T made contiguous, with PyTorch's threaded copy (ortcompile/quantize.py's `_transposed`)."""
-    import torch
-
-    return torch.from_numpy(a).t().contiguous().numpy()
+    return transposed(codes), scales
 
 
 def rows_node(x: str, outputs: list[str], name: str, weight: str, scales: str):
