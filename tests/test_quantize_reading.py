@@ -9,8 +9,8 @@ import pytest
 from onnx import TensorProto
 
 from dflash_cli.exporting.onnx_data import prefetch, read_initializer
-from dflash_cli.ortcompile.quantize_forms import transposed as _transposed
 from dflash_cli.ortcompile.quantize_store import external_tensor as _external_tensor
+from dflash_cli.ortcompile.transpose import transposed as _transposed
 
 pytestmark = pytest.mark.slow  # builds or exports pairs: left out of `make test-fast`
 

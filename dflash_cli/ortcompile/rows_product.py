@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from dflash_cli.ortcompile.transpose import transposed as contiguous_t
+
 DOMAIN = "dflash.rows"
 OP = "RowsMatMul"
 WEIGHT_LEVELS = 63  # 7-bit weight codes: a u8 x s8 pair product sum never saturates int16 (see above)
@@ -40,9 +42,7 @@ def quantize_columns(w: np.ndarray, transposed: bool) -> tuple[np.ndarray, np.nd
         scale = np.where(peak > 0, peak / WEIGHT_LEVELS, 1.0).astype(np.float32)
         codes[start : start + len(part)] = np.clip(np.rint(part / scale[:, None]), -WEIGHT_LEVELS, WEIGHT_LEVELS)
         scales[start : start + len(part)] = scale
-    from dflash_cli.ortcompile.quantize_forms import transposed
-
-    return transposed(codes), scales
+    return contiguous_t(codes), scales
 
 
 def rows_node(x: str, outputs: list[str], name: str, weight: str, scales: str):
