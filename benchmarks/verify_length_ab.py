@@ -24,6 +24,7 @@ that is below what its cheapest step earns (before session 27); each learns its 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import statistics
@@ -83,12 +84,12 @@ def main() -> None:
         row = {}
         for mode in order:
             if mode != "plain":
-                engine.recipe = variants[mode]
+                engine.settings = dataclasses.replace(engine.settings, verify=variants[mode].run.verify)
             every_proposal["on"], no_floor["on"] = mode == "auto-all", mode == "hybrid-nofloor"
             run_mode = mode if mode == "plain" else "hybrid" if mode.startswith("hybrid") else "dflash"
-            engine.hybrid_stats = learnt.get(mode)  # each hybrid variant learns its own statistics
+            engine.learnt.hybrid_stats = learnt.get(mode)  # each hybrid variant learns its own statistics
             r = engine.generate(ids, mode=run_mode, max_new_tokens=args.tokens)
-            learnt[mode] = engine.hybrid_stats
+            learnt[mode] = engine.learnt.hybrid_stats
             row[mode] = r
         for mode in modes[1:]:
             if row[mode].tokens != row["plain"].tokens:

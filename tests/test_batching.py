@@ -123,6 +123,7 @@ def test_groups_keep_call_lengths_close():
 
 class _Recorder:
     ctx_len = 64
+    variable_length = True  # a batched graph's trait (SlotSession copies it)
 
     def __init__(self) -> None:
         self.calls: list[list[int]] = []
@@ -276,9 +277,8 @@ def test_slots_are_sized_by_a_session_and_a_cache_each(monkeypatch):
 
     kv = types.SimpleNamespace(nbytes=1_200_000_000)
     engine = types.SimpleNamespace(
-        recipe=types.SimpleNamespace(compile=types.SimpleNamespace(backend="ort")),
         weight_bytes={"target": 2_800_000_000},
-        target=types.SimpleNamespace(_arrays={"past_key_0": kv}),
+        target=types.SimpleNamespace(_arrays={"past_key_0": kv}, compiled_slots=False),
     )
     monkeypatch.setattr(pm, "available_bytes", lambda: 20_000_000_000)
     assert affordable_slots(engine, 8) == 3

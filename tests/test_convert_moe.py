@@ -127,5 +127,5 @@ def test_gpt_oss_reasoning_effort_reaches_the_chat_template(tmp_path: Path) -> N
     engine.tokenizer = Tokenizer()
     for family, effort, want in (("gpt_oss", "high", "effort=high|hi"), ("gpt_oss", None, "effort=None|hi"),
                                  ("qwen3_moe", "high", "effort=None|hi")):  # fmt: skip
-        engine.recipe = SimpleNamespace(family=family, run=SimpleNamespace(reasoning_effort=effort))
+        engine.settings = SimpleNamespace(family=family, reasoning_effort=effort)
         assert "".join(map(chr, engine._templated([{"role": "user", "content": "hi"}], False))) == want

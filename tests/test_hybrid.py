@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from dflash_cli.cli.app import create_app
+from dflash_cli.decoding.learnt import Learnt
 from dflash_cli.decoding.prompt_lookup import PromptLookupDrafter
 
 MAX_NEW = 40
@@ -29,7 +30,7 @@ def _prompts(vocab: int, seed: int) -> list[list[int]]:
 def test_hybrid_equals_plain_and_uses_both_proposers(family, request):
     engine = request.getfixturevalue(f"{family}_engine")
     sources: dict[str, int] = {}
-    engine.hybrid_stats = None  # learn from scratch
+    engine.learnt = Learnt()  # learn from scratch
     try:
         for i, prompt in enumerate(_prompts(engine.tokenizer.vocab_size, seed=3)):
             plain = engine.generate(prompt, mode="plain", max_new_tokens=MAX_NEW)
@@ -44,7 +45,7 @@ def test_hybrid_equals_plain_and_uses_both_proposers(family, request):
             assert hybrid.target_calls == len(hybrid.accept_lengths)
             assert hybrid.draft_calls <= hybrid.step_sources.count("dflash") * chunks
     finally:
-        engine.hybrid_stats = None
+        engine.learnt = Learnt()
     assert sources.get("lookup", 0) > 0 and sources.get("dflash", 0) > 0, sources
 
 
@@ -237,7 +238,7 @@ def test_hybrid_verifies_past_the_block_in_a_copy_and_stays_lossless(family, req
     add_verify = HybridStats.add_verify
     monkeypatch.setattr(HybridStats, "add_verify", lambda self, n, s: add_verify(self, n, 1e-3 * (1 + 0.01 * n)))
     engine = request.getfixturevalue(f"{family}_engine")
-    engine.hybrid_stats = None
+    engine.learnt = Learnt()
     longest, block, new = 0, engine.block_size, 60
     try:
         for prompt in ([5, 6, 7, 8, 9] * 12, [3, 4] * 10, [11, 12, 13] * 9) * 2:
@@ -250,7 +251,7 @@ def test_hybrid_verifies_past_the_block_in_a_copy_and_stays_lossless(family, req
                 have += accepted
             longest = max(longest, *hybrid.verify_lengths)
     finally:
-        engine.hybrid_stats = None
+        engine.learnt = Learnt()
     assert longest > block
 
 

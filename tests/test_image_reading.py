@@ -60,7 +60,7 @@ def test_an_image_too_long_for_the_qwen_processor_is_a_clear_error_naming_it(tmp
     wide = tmp_path / "wide.png"
     Image.new("RGB", (4000, 16)).save(wide)
     reader = _reader("qwen3_vl")
-    engine = SimpleNamespace(images=reader, tokenizer=None, recipe=SimpleNamespace(family="qwen3_vl"))
+    engine = SimpleNamespace(images=reader, tokenizer=None, settings=SimpleNamespace(family="qwen3_vl"))
     with pytest.raises(GenerationError, match=f"image {wide} is 4000x16 pixels: its aspect ratio 250 is over 200"):
         encode_with_images(engine, "what is here?", [wide])
     with pytest.raises(GenerationError, match="image 1 is 16x4000 pixels"):  # a PIL image (serve's): by place

@@ -5,6 +5,7 @@ images through our vision graph, their features into the language graph with M-R
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from types import SimpleNamespace
 
@@ -238,8 +239,7 @@ def test_serve_takes_image_parts_streamed_or_not_and_refuses_bad_ones(built, tmp
     (tmp_path / "media").mkdir()
     (tmp_path / "media" / "p.png").write_bytes(path.read_bytes())
     allowing = copy.copy(engine)
-    serve = engine.recipe.serve.model_copy(update={"allowed_local_media_path": str(tmp_path / "media")})
-    allowing.recipe = engine.recipe.model_copy(update={"serve": serve})
+    allowing.settings = dataclasses.replace(engine.settings, allowed_local_media_path=str(tmp_path / "media"))
     with running_server(allowing, queue_size=2) as (url, _):
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
         local = client.chat.completions.create(

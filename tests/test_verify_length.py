@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
+from dflash_cli.decoding.learnt import Learnt
 from dflash_cli.decoding.verify_length import Calibration, VerifyBudget, choose_length, expected_committed
 
 MAX_NEW = 32
@@ -91,8 +94,8 @@ def test_under_load_a_draft_that_does_not_pay_is_skipped_but_still_tried():
 
 
 def _with_verify(engine, verify: str):
-    old = engine.recipe
-    engine.recipe = old.model_copy(update={"run": old.run.model_copy(update={"verify": verify})})
+    old = engine.settings
+    engine.settings = dataclasses.replace(old, verify=verify)
     return old
 
 
@@ -100,11 +103,11 @@ def _with_verify(engine, verify: str):
 def test_any_verify_length_stays_lossless(family, request, monkeypatch):
     """Whatever length the budget picks (here: random ones), greedy DFlash equals greedy plain."""
     engine = request.getfixturevalue(f"{family}_engine")
-    assert getattr(engine.target, "variable_length", False)
+    assert engine.target.variable_length
     rng = np.random.default_rng(5)
     monkeypatch.setattr(VerifyBudget, "length", lambda self, conf: int(rng.integers(1, len(conf) + 2)))
     seen = set()
-    old, engine.verify_budget = _with_verify(engine, "auto"), None
+    old, engine.learnt = _with_verify(engine, "auto"), Learnt()
     try:
         prompts = rng.integers(2, engine.tokenizer.vocab_size, size=(12, 9))
         for i, prompt in enumerate(prompts.tolist()):
@@ -113,7 +116,7 @@ def test_any_verify_length_stays_lossless(family, request, monkeypatch):
             assert dflash.tokens == plain.tokens, f"prompt {i}: dflash with truncated verifies differs from plain"
             seen.update(dflash.verify_lengths)
     finally:
-        engine.recipe, engine.verify_budget = old, None
+        engine.settings, engine.learnt = old, Learnt()
     assert 1 in seen and engine.block_size in seen and len(seen) > 2, seen
 
 
@@ -122,7 +125,7 @@ def test_block_setting_verifies_the_whole_block(qwen3_engine):
     try:
         res = qwen3_engine.generate([5, 6, 7, 8], mode="dflash", max_new_tokens=MAX_NEW)
     finally:
-        qwen3_engine.recipe = old
+        qwen3_engine.settings = old
     assert set(res.verify_lengths[:-1]) == {qwen3_engine.block_size}  # the last step may be cut by the length
 
 

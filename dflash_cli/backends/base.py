@@ -13,12 +13,33 @@ from typing import Protocol
 import numpy as np
 
 
+class SessionTraits:
+    """What a backend's session declares about itself. Decoding and serving branch on these, never on the
+    backend's name; a session class inherits the defaults (ONNX Runtime's static graphs) and overrides what
+    differs."""
+
+    variable_length: bool = False
+    """True where a call may carry any number of tokens (callers then skip padding to the graph's fixed
+    length: prefill chunks and verify blocks carry only their real rows); False: fixed shapes."""
+
+    compiled_slots: bool = False
+    """True where the compiled program itself holds the caches of the sequences it batches (QAIC's
+    compile.qaic.full_batch_size): continuous batching runs on those slots (qaic/slots.py), as many as
+    were compiled, instead of on host-side batched sessions (backends/ort_batched.py)."""
+
+    host_checked: bool = True
+    """False where the build could not run this session's graph to check it (a program compiled for a card,
+    built without one): checks such as batch invariance then have to run where the session opens."""
+
+
 class Session(Protocol):
     name: str  # "target" | "draft"
     input_names: list[str]  # non-cache inputs
     output_names: list[str]  # non-cache outputs
-    # Optional `variable_length: bool`: True where a call may carry any number of tokens (callers then
-    # skip padding to the graph's fixed length); absent means fixed shapes.
+    # SessionTraits (a session class inherits them with their defaults)
+    variable_length: bool
+    compiled_slots: bool
+    host_checked: bool
 
     def reset(self) -> None:
         """Zero the retained KV cache (start of a new sequence)."""

@@ -34,7 +34,7 @@ def check_target(target, B: int, vocab_size: int) -> dict:
     prompts = [min(k, ctx // 4) for k in (B + 3, 2 * B, 5)]
     # Each step: every sequence's call length (prefill, verify blocks, one-token steps, a mixture).
     steps = [s[:n] for s in (prompts, [B, B, B], [1, 1, 1], [B, 1, B // 2 or 1], [3, B, 1])]
-    if not getattr(target, "variable_length", True):  # a QAIC program: only the lengths it was compiled for
+    if not target.variable_length:  # a QAIC program: only the lengths it was compiled for
         steps = [[length] * n for length in (target.prefill_len, B, 1, B)]
     tokens = [rng.integers(0, vocab_size, size=sum(s[j] for s in steps), dtype=np.int64) for j in range(n)]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dflash_cli.backends.base import is_cache_input, is_kv_input, retained_name
+from dflash_cli.backends.base import SessionTraits, is_cache_input, is_kv_input, retained_name
 from dflash_cli.errors import BackendError
 from dflash_cli.ort_threads import apply_thread_pool
 from dflash_cli.vision_feeds import VisionFeeder
@@ -77,7 +77,7 @@ def cpu_session(onnx_path: Path, name: str, kind: str, settings: OrtSettings | N
     return provider, ort.InferenceSession(str(onnx_path), sess_options=opts, providers=[provider])
 
 
-class OrtSession:
+class OrtSession(SessionTraits):
     def __init__(
         self, onnx_path: Path, name: str, settings: OrtSettings = OrtSettings(), initializers: dict | None = None
     ) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dflash_cli.backends.base import drafts_any_rows, is_cache_input, is_kv_input
+from dflash_cli.backends.base import SessionTraits, drafts_any_rows, is_cache_input, is_kv_input
 from dflash_cli.backends.carried_state import CarriedState
 from dflash_cli.backends.ort import OrtSettings, cpu_session
 from dflash_cli.backends.single_row import first_row, pad_single_row
@@ -33,7 +33,7 @@ def is_in_place_graph(onnx_path: Path) -> bool:
     return any(p.key == KV_LAYOUT_KEY and p.value == KV_IN_PLACE for p in model.metadata_props)
 
 
-class OrtInPlaceKvSession:
+class OrtInPlaceKvSession(SessionTraits):
     variable_length = True  # calls of any number of tokens
     pad_single_rows = True  # a one-token call as two rows (single_row.py); the engine sets it from the build
 
@@ -77,6 +77,12 @@ class OrtInPlaceKvSession:
             self._binding.bind_ortvalue_input(n, value)
             self._binding.bind_ortvalue_output(present[n], value)
             self._values.append(value)
+
+    @property
+    def inference_session(self):
+        """The ONNX Runtime session underneath: batched sessions (backends/ort_batched.py) take it over for
+        calls of one sequence, and read its input shapes."""
+        return self._sess
 
     def reset(self, fill: float = 0.0) -> None:
         """Nothing to clear (no query reads a slot at or beyond its position); `fill` is honoured for

@@ -19,7 +19,13 @@ from pathlib import Path
 
 import numpy as np
 
-from dflash_cli.backends.base import drafts_any_rows, is_cache_input, is_kv_input, with_proposal_rows
+from dflash_cli.backends.base import (
+    SessionTraits,
+    drafts_any_rows,
+    is_cache_input,
+    is_kv_input,
+    with_proposal_rows,
+)
 from dflash_cli.backends.carried_state import CarriedState
 from dflash_cli.backends.ort import OrtSettings, cpu_session
 from dflash_cli.backends.ort_kv_inplace import OrtInPlaceKvSession, is_in_place_graph
@@ -44,7 +50,7 @@ def open_prefix_session(onnx_path: Path, name: str, ctx_len: int, settings=None,
     return cls(onnx_path, name, ctx_len, settings, initializers)
 
 
-class OrtPrefixSession:
+class OrtPrefixSession(SessionTraits):
     variable_length = True  # calls of any number of tokens: nothing is padded to a fixed shape
     pad_single_rows = True  # ... but a one-token target call as two rows (single_row.py; the engine decides)
 
@@ -76,6 +82,12 @@ class OrtPrefixSession:
         self._positions_input = "context_position_ids" if "context_position_ids" in self.input_names else "position_ids"
         self._binding = self._sess.io_binding()
         self.vision = VisionFeeder(inputs)
+
+    @property
+    def inference_session(self):
+        """The ONNX Runtime session underneath: batched sessions (backends/ort_batched.py) take it over for
+        calls of one sequence, and read its input shapes."""
+        return self._sess
 
     def reset(self, fill: float = 0.0) -> None:
         """Nothing to clear (slots at or beyond a call's first position are never read); `fill` is honoured

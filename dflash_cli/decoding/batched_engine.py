@@ -20,7 +20,7 @@ def batching_refusal(engine: Any) -> str | None:
 
     if engine.images is not None:
         return "a vision-language target's calls carry one prompt's images"
-    if engine.recipe.compile.backend == "qaic":
+    if engine.target.compiled_slots:
         if _full_batch(engine) < 2:
             return "this QAIC build's programs hold one sequence's cache (rebuild with compile.qaic.full_batch_size)"
         return None
@@ -39,7 +39,7 @@ def batching_refusal(engine: Any) -> str | None:
 def unchecked(engine: Any) -> str | None:
     """Why the build did not check batch invariance (its checks did not fit its memory budget), or None when
     it did. Serving then checks it on the sessions it opens anyway (`check_at_start`)."""
-    if engine.recipe.compile.backend == "qaic":
+    if not engine.target.host_checked:
         return "a QAIC build is compiled without a card"
     checked = engine.compile_facts.get("batch_invariance")
     if checked is None:
@@ -56,7 +56,7 @@ def check_at_start(batcher: CallBatcher, engine: Any) -> dict:
 
 
 def _batch_dim(session: Any):
-    return session._sess.get_inputs()[0].shape[0]
+    return session.inference_session.get_inputs()[0].shape[0]
 
 
 def _full_batch(engine: Any) -> int:
@@ -72,7 +72,7 @@ def affordable_slots(engine: Any, slots: int) -> int:
     memory available now."""
     from dflash_cli.process_memory import available_bytes
 
-    if engine.recipe.compile.backend == "qaic":  # the card's programs hold the caches they were compiled for
+    if engine.target.compiled_slots:  # the card's programs hold the caches they were compiled for
         return min(slots, _full_batch(engine))
     from dflash_cli.backends.ort_batched import PACKED_WEIGHTS
 
@@ -87,7 +87,7 @@ def batched_views(engine: Any, slots: int) -> tuple[list[Any], CallBatcher]:
     from dflash_cli.backends.ort_batched import BatchedDraft, BatchedTarget
 
     info = json.loads((engine.compile_dir / "export.json").read_text())
-    if engine.recipe.compile.backend == "qaic":
+    if engine.target.compiled_slots:
         from dflash_cli.qaic.slots import QaicSlots
 
         full = _full_batch(engine)
@@ -99,34 +99,32 @@ def batched_views(engine: Any, slots: int) -> tuple[list[Any], CallBatcher]:
         engine.compile_dir / info["graphs"]["target_prefix"]["onnx"],
         engine.ctx_len,
         slots,
-        one=engine.target._sess,  # the session already open serves calls of one sequence
+        one=engine.target.inference_session,  # the session already open serves calls of one sequence
         pad_single_rows=engine.target.pad_single_rows,
         **_settings(engine, "target_prefix", info),
     )
     for n in range(2, slots + 1):  # open now (seconds each), not in the middle of someone's request
         target.session(n)
     draft_path = engine.compile_dir / info["graphs"]["draft_prefix"]["onnx"]
-    draft = BatchedDraft(draft_path, engine.ctx_len, slots, session=engine.draft._sess)
+    draft = BatchedDraft(draft_path, engine.ctx_len, slots, session=engine.draft.inference_session)
     return _views(engine, slots, CallBatcher({"target": target, "draft": draft}))
 
 
 def _views(engine: Any, slots: int, batcher: CallBatcher) -> tuple[list[Any], CallBatcher]:
-    views = []
-    for slot in range(slots):
-        view = engine.with_own_tokenizer()
-        view.target = SlotSession(batcher, "target", slot)
-        view.draft = SlotSession(batcher, "draft", slot)
-        view._plain_target = None
-        views.append(view)
+    views = [
+        engine.with_sessions(SlotSession(batcher, "target", slot), SlotSession(batcher, "draft", slot))
+        for slot in range(slots)
+    ]
     return views, batcher
 
 
 def _settings(engine: Any, graph: str, info: dict) -> dict:
     from dflash_cli.backends.ort import OrtSettings
 
-    o = engine.recipe.compile.ort
+    o = engine.settings.ort
     path = engine.compile_dir / info["graphs"][graph]["onnx"]
-    shared = engine._tables.for_graph(path) if engine._tables is not None else None
+    tables = engine.shared_tables
+    shared = tables.for_graph(path) if tables is not None else None
     return {
         "settings": OrtSettings(o.intra_op_threads, o.graph_optimization, o.provider, o.allow_spinning),
         "initializers": shared,

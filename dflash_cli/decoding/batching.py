@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from dflash_cli.backends.base import SessionTraits
+
 GRACE_S = 0.05  # how long calls already waiting give a live request that has not called yet
 
 
@@ -153,7 +155,7 @@ class CallBatcher:
             c.done.set()
 
 
-class SlotSession:
+class SlotSession(SessionTraits):
     """One request's view of a batched graph: the one-sequence session interface, calls batched."""
 
     vision = None  # image prompts are served one at a time
@@ -162,7 +164,7 @@ class SlotSession:
         self.batcher, self.name, self.slot = batcher, graph, slot
         self.ctx_len = batcher.graphs[graph].ctx_len
         # ONNX Runtime's graphs take calls of any length; a QAIC program its compiled ones (qaic/slots.py)
-        self.variable_length = getattr(batcher.graphs[graph], "variable_length", True)
+        self.variable_length = batcher.graphs[graph].variable_length
         self.input_names = list(getattr(batcher.graphs[graph], "input_names", ()))
 
     @property

@@ -9,19 +9,22 @@ from __future__ import annotations
 import copy
 import json
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from dflash_cli.decoding.hybrid import HybridStats
+from dflash_cli.decoding.learnt import Learnt
 from dflash_cli.decoding.loops import LoopConfig, generate_plain, generate_speculative
 from dflash_cli.decoding.make_proposer import make_proposer
 from dflash_cli.decoding.modes import MODES, canonical
 from dflash_cli.decoding.result import GenerationResult
 from dflash_cli.decoding.sampling import SamplingConfig
+from dflash_cli.decoding.sessions import open_session as _open  # tests open sessions through `_open`
+from dflash_cli.decoding.sessions import weight_bytes
+from dflash_cli.decoding.settings import DecodeSettings
 from dflash_cli.decoding.target_calls import TimedSession
 from dflash_cli.decoding.tokenizer import load_tokenizer
-from dflash_cli.decoding.verify_length import VerifyBudget
-from dflash_cli.errors import BackendError, GenerationError
+from dflash_cli.errors import GenerationError
 from dflash_cli.families import family_named
 from dflash_cli.vision_feeds import ImagePrompt
 
@@ -36,8 +39,9 @@ class Artifacts:
 
 class Engine:
     def __init__(self, recipe: Any, artifacts: Artifacts) -> None:
-        self.recipe = recipe
+        self.recipe = recipe  # for reporting; decoding and serving read `settings`
         self.recipe_name = recipe.name
+        self.settings = DecodeSettings.from_recipe(recipe)
         self.artifact_keys = dict(artifacts.keys)
         self.compile_dir = artifacts.compile
         self.export_dir = artifacts.export
@@ -56,9 +60,9 @@ class Engine:
         self.tokenizer = load_tokenizer(artifacts.inject / "target")
         if self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in self.eos_token_ids:
             self.eos_token_ids.append(self.tokenizer.eos_token_id)
-        backend = recipe.compile.backend
+        backend = self.settings.backend
         self._tables = None
-        o = recipe.compile.ort
+        o = self.settings.ort
         if backend == "ort" and o.thread_pool == "shared":
             from dflash_cli.ort_threads import use_shared_thread_pool
 
@@ -67,14 +71,15 @@ class Engine:
             from dflash_cli.backends.ort_shared import SharedTables
 
             self._tables = SharedTables()  # the embedding both graphs read: one memory map for both sessions
-        self.target = _open(backend, artifacts.compile, "target", recipe, self._tables)
+        # Sessions of this build: (backend, graph=..., spinning=...) -> a session (decoding/sessions.py)
+        self._open_session = partial(_open, compile_dir=artifacts.compile, recipe=recipe, tables=self._tables)
+        self.target = self._open_session(backend, graph="target")
         self._draft = None  # opened on first use: plain decoding never loads the draft
         self._plain_target = None  # see open_plain_session
-        self.hybrid_stats: HybridStats | None = None  # what hybrid steps have learnt on this engine
-        self.verify_budget: VerifyBudget | None = None  # what DFlash steps have learnt of verify lengths
+        self.learnt = Learnt()  # what the proposers learn across this engine's requests (decoding/learnt.py)
         self.provider = getattr(self.target, "provider", backend)
         self.weight_bytes = {
-            g: _weight_bytes(artifacts.compile, info["graphs"][g]["onnx"], backend) for g in ("target", "draft")
+            g: weight_bytes(artifacts.compile, info["graphs"][g]["onnx"], backend) for g in ("target", "draft")
         }
         self.images = None  # a vision-language target's (decoding/images.py)
         if "vision" in info["graphs"]:
@@ -88,7 +93,7 @@ class Engine:
     @property
     def draft(self):
         if self._draft is None:
-            self._draft = _open(self.recipe.compile.backend, self.compile_dir, "draft", self.recipe, self._tables)
+            self._draft = self._open_session(self.settings.backend, graph="draft")
         return self._draft
 
     @draft.setter
@@ -108,8 +113,8 @@ class Engine:
         from dflash_cli.ort_threads import shared_thread_pool
         from dflash_cli.readiness.memory import available_bytes
 
-        o = self.recipe.compile.ort
-        if self.recipe.compile.backend != "ort" or self.provider != "CPUExecutionProvider":
+        o = self.settings.ort
+        if self.settings.backend != "ort" or self.provider != "CPUExecutionProvider":
             return "the speculative target session (spinning applies to ONNX Runtime on CPU only)"
         if shared_thread_pool():
             return "the speculative target session (one spinning thread pool shared by every session)"
@@ -119,7 +124,7 @@ class Engine:
         if free is not None and need > free // 4:
             return f"the speculative target session (a second copy, {need / 2**30:.1f} GiB, does not fit)"
         if self._plain_target is None:
-            self._plain_target = _open("ort", self.compile_dir, "target", self.recipe, self._tables, spinning=True)
+            self._plain_target = self._open_session("ort", graph="target", spinning=True)
         return "its own target session, spinning on"
 
     @classmethod
@@ -152,12 +157,12 @@ class Engine:
 
     # --- text ---------------------------------------------------------------------------------
     def encode_prompt(self, prompt: str | list[dict]) -> list[int]:
-        run = self.recipe.run
+        settings = self.settings
         if isinstance(prompt, str) and not prompt.strip():
             raise GenerationError("the prompt is empty", hint='pass some text: --prompt "def fibonacci(n):"')
-        if run.chat_template and getattr(self.tokenizer, "chat_template", None):
+        if settings.chat_template and getattr(self.tokenizer, "chat_template", None):
             messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-            return self._templated(messages, run.enable_thinking)
+            return self._templated(messages, settings.enable_thinking)
         if not isinstance(prompt, str):
             prompt = "\n\n".join(m["content"] for m in prompt)
         return list(self.tokenizer(prompt)["input_ids"])
@@ -167,14 +172,14 @@ class Engine:
         request is a chat); a tokenizer without a template gets the contents joined, as encode_prompt does."""
         if not getattr(self.tokenizer, "chat_template", None):
             return list(self.tokenizer("\n\n".join(m["content"] for m in messages))["input_ids"])
-        thinking = self.recipe.run.enable_thinking if enable_thinking is None else enable_thinking
+        thinking = self.settings.enable_thinking if enable_thinking is None else enable_thinking
         return self._templated(messages, thinking)
 
     def _templated(self, messages: list[dict], enable_thinking: bool) -> list[int]:
-        family = family_named(self.recipe.family)
+        family = family_named(self.settings.family)
         kwargs = {"enable_thinking": enable_thinking} if family.thinking_switch else {}
-        if family.reasoning_effort and self.recipe.run.reasoning_effort:  # harmony's system line
-            kwargs["reasoning_effort"] = self.recipe.run.reasoning_effort
+        if family.reasoning_effort and self.settings.reasoning_effort:  # harmony's system line
+            kwargs["reasoning_effort"] = self.settings.reasoning_effort
         text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
@@ -192,7 +197,20 @@ class Engine:
         (a fast tokenizer refuses concurrent use: "Already borrowed"). Sessions are shared."""
         view = copy.copy(self)
         view.tokenizer = copy.deepcopy(self.tokenizer)
+        view.learnt = self.learnt.copy()  # parts learnt so far shared, parts not yet made made apart
         return view
+
+    def with_sessions(self, target, draft) -> Engine:
+        """This engine decoding on other sessions (a batch slot's, decoding/batched_engine.py), with a tokenizer
+        of its own and no plain-decoding session: plain runs on `target` too."""
+        view = self.with_own_tokenizer()
+        view.target, view._draft, view._plain_target = target, draft, None
+        return view
+
+    @property
+    def shared_tables(self):
+        """The memory-mapped tables this engine's ONNX Runtime sessions share (backends/ort_shared.py), or None."""
+        return self._tables
 
     # --- generation ---------------------------------------------------------------------------
     @property
@@ -278,7 +296,7 @@ class Engine:
         target = TimedSession(self.target)
         if mode == "plain":
             return generate_plain(target, prompt_ids, self.prefill_len, cfg, on_commit)
-        proposer = make_proposer(self, mode)
+        proposer = make_proposer(self, mode, self.learnt, self.settings.verify)
         return generate_speculative(target, proposer, prompt_ids, self.prefill_len, self.block_size, cfg, on_commit)
 
     def step_times(self, repeats: int = 20) -> dict[str, Any]:
@@ -291,61 +309,6 @@ class Engine:
         from dflash_cli.decoding.step_times import verify_cost_curve
 
         return verify_cost_curve(self.target, sizes, repeats)
-
-
-def _open(backend: str, compile_dir: Path, graph: str, recipe: Any, tables=None, spinning: bool | None = None):
-    info = json.loads((compile_dir / "export.json").read_text())
-    facts_path = compile_dir / "compile.json"
-    facts = json.loads(facts_path.read_text()) if facts_path.is_file() else {}
-    if backend == "qaic":
-        from dflash_cli.qaic.command import QaicCompileOptions
-        from dflash_cli.qaic.compile import cores_per_device
-        from dflash_cli.qaic.runtime import open_qaic_session
-        from dflash_cli.qaic.sdk import find_sdk
-
-        options = QaicCompileOptions.from_mapping(recipe.compile.qaic.model_dump())
-        hw = facts.get("hw_version") or recipe.compile.qaic.aic_hw_version or "ai100"
-        vision = "vision" in info["graphs"]  # compiled beside the pair: the cores were split three ways
-        options.check_fit(cores_per_device(hw, find_sdk()), vision)  # the programs run at once: they must fit
-        cores, devices = options.placement(vision)[graph]
-        return open_qaic_session(compile_dir, graph, list(devices), num_cores=cores)
-    if backend != "ort":
-        raise BackendError(f"unknown backend {backend!r}", hint="compile.backend is ort or qaic")
-    from dflash_cli.backends.ort import OrtSession, OrtSettings, resolve_provider
-
-    o = recipe.compile.ort
-    path = compile_dir / info["graphs"][graph]["onnx"]
-    spin = o.allow_spinning if spinning is None else spinning
-    settings = OrtSettings(o.intra_op_threads, o.graph_optimization, o.provider, spin)
-    on_cpu = resolve_provider(settings.provider) == "CPUExecutionProvider"
-    prefix = info["graphs"].get(f"{graph}_prefix")
-    # The build found the prefix-cache target's rows depending on the call's length (ortcompile/checks.py):
-    # greedy DFlash would not always equal greedy plain on it, so both graphs run in their static form.
-    lossless = facts.get("prefix_target_lossless", True)
-    if prefix and on_cpu and o.prefix_cache and lossless:
-        from dflash_cli.backends.ort_prefix import open_prefix_session
-
-        path = compile_dir / prefix["onnx"]
-        shared = tables.for_graph(path) if tables is not None else None
-        sess = open_prefix_session(path, graph, info["ctx_len"], settings, shared)
-        # The build found one-token calls already computing a block's numbers: no second row to pay for.
-        sess.pad_single_rows = facts.get("prefix_one_token_calls") != "one row"
-        return sess
-    shared = tables.for_graph(path) if tables is not None and on_cpu else None
-    sess = OrtSession(path, graph, settings, shared)
-    return sess
-
-
-def _weight_bytes(compile_dir: Path, onnx_name: str, backend: str) -> int:
-    """Bytes of weights one call reads (for the bandwidth estimate)."""
-    if backend == "ort":
-        from dflash_cli.ortcompile.checks import graph_weight_bytes
-
-        return graph_weight_bytes(compile_dir / onnx_name)
-    total = 0
-    for f in compile_dir.glob(onnx_name + "*"):
-        total += f.stat().st_size
-    return total
 
 
 def _round_up(n: int, m: int) -> int:

@@ -139,7 +139,7 @@ def encode_with_images(engine, prompt: str | list[dict], images: list) -> tuple[
     first, then its text); `images`: local paths or PIL images."""
     if engine.images is None:
         raise GenerationError(
-            f"this target ({engine.recipe.family}) takes no images",
+            f"this target ({engine.settings.family}) takes no images",
             hint="a vision-language target does (qwen3_vl, gemma4, qwen3_5 from a multimodal checkpoint)",
         )
     pictures = []

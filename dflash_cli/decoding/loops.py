@@ -171,7 +171,7 @@ class DFlashProposer(Proposer):
         result = None
         if len(self._pending) > 1:  # consecutive positions: one array, sent in as few calls as fit
             self._pending = [(np.concatenate([f for f, _ in self._pending]), self._pending[0][1])]
-        variable = getattr(self.draft.session, "variable_length", False)
+        variable = self.draft.session.variable_length
         for feats, first in self._pending:
             # Fixed shapes: after prefill the context comes in prefill-sized chunks; after a verify it fits
             # one block. A session of variable length takes it all in one call (after a run of lookup steps
@@ -236,7 +236,7 @@ def generate_speculative(
         draft_timer.reset_counters()
     # A session that takes calls of any length verifies only what was proposed; a static graph
     # verifies the whole block with padding (position -1) after a shorter proposal.
-    variable = getattr(target.session, "variable_length", False)
+    variable = target.session.variable_length
     # A proposer that may verify past the block (the hybrid's lookup steps, on such a session) is held to
     # the tokens the generation still needs: the engine's room for prompt + new tokens + one block then
     # also bounds every longer verify. Every other step's limit is the block.

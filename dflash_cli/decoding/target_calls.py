@@ -68,7 +68,7 @@ def prefill(target: TimedSession, prompt: list[int], chunk: int) -> dict[str, np
     outs: dict[str, list[np.ndarray]] = {}
     feeder = getattr(target.session, "vision", None)
     spans = feeder.prompt.image_spans() if feeder is not None and feeder.prompt is not None else []
-    variable = getattr(target.session, "variable_length", False)
+    variable = target.session.variable_length
     for start, end in chunk_bounds(len(prompt), chunk, spans, variable):
         part = prompt[start:end]
         # A fixed-shape graph takes whole chunks; a variable-length one only the real rows (padding rows cost

@@ -92,9 +92,9 @@ def choose_length(accept: list[float], verify_seconds, rate: float | None) -> in
 
 
 class VerifyBudget:
-    """What a DFlash loop decides its verify lengths by; kept on the engine, so later requests start informed:
-    the calibration, and (the hybrid's own bookkeeping, decoding/hybrid.py) the loop's long-run rate and a
-    line fitted to the verify times by length."""
+    """What a DFlash loop decides its verify lengths by; kept in the engine's Learnt (decoding/learnt.py), so
+    later requests start informed: the calibration, and (the hybrid's own bookkeeping, decoding/hybrid.py) the
+    loop's long-run rate and a line fitted to the verify times by length."""
 
     def __init__(self, block_size: int) -> None:
         from dflash_cli.decoding.hybrid import HybridStats

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from dflash_cli.backends.base import is_cache_input
+from dflash_cli.backends.base import SessionTraits, is_cache_input
 from dflash_cli.errors import BackendError
 from dflash_cli.qaic.sdk import sdk_root
 from dflash_cli.qaic.specs import PROGRAM_FILE, QPC_DIR
@@ -77,8 +77,12 @@ def _is_state(name: str) -> bool:
     return is_cache_input(name) or name.endswith("_RetainedState")
 
 
-class QaicSession:
+class QaicSession(SessionTraits):
     """One compiled graph (target or draft) on one or more cards."""
+
+    variable_length = False  # only the lengths of the program's specializations: the loops pad to them
+    compiled_slots = True  # compile.qaic.full_batch_size: the program holds the caches of its sequences
+    host_checked = False  # compiled without a card: the build ran none of its checks on it
 
     def __init__(
         self,

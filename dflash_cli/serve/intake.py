@@ -87,7 +87,7 @@ class Intake:
         except (ValueError, UnicodeDecodeError) as exc:
             raise ApiError(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
         engine = self.engine
-        req = parse_request(body, kind, self.model_name, engine.recipe.run)
+        req = parse_request(body, kind, self.model_name, engine.settings.request_defaults)
         prompt_ids = _encode(engine, req)
         if not req.max_tokens_given:  # like vLLM: an unspecified length never overflows the context
             room = engine.positions_for_generation - len(prompt_ids)
@@ -123,11 +123,11 @@ def _encode_images(engine: Any, messages: list[dict]):
     from dflash_cli.serve.media import MAX_IMAGES, read_image
 
     if engine.images is None:
-        raise ApiError(f"this model ({engine.recipe.family}) takes no images", param="messages")
+        raise ApiError(f"this model ({engine.settings.family}) takes no images", param="messages")
     parts = [p for m in messages if isinstance(m["content"], list) for p in m["content"] if p["type"] == "image"]
     if len(parts) > MAX_IMAGES:
         raise ApiError(f"{len(parts)} images in one request: at most {MAX_IMAGES}", param="messages")
-    allowed = engine.recipe.serve.allowed_local_media_path
+    allowed = engine.settings.allowed_local_media_path
     pictures = [read_image(p["url"], Path(allowed) if allowed else None, p["where"]) for p in parts]
     for picture, part in zip(pictures, parts):
         engine.images.check_shape(picture, part["where"])  # named by its part, not its place in the list
