@@ -19,10 +19,10 @@ from pathlib import Path
 
 CHILD = """
 import json, sys, time
-from dflash_cli import cache_contents
-from dflash_cli.cache import Cache
+from dflash_cli.cache import contents as cache_contents
+from dflash_cli.cache.store import Cache
 from dflash_cli.decoding.engine import Engine
-from dflash_cli.recipe import load_recipe
+from dflash_cli.recipe.schema import load_recipe
 
 recipe, cache, check, sets = sys.argv[1], sys.argv[2], sys.argv[3] == "on", sys.argv[4:]
 made = []

@@ -11,10 +11,10 @@ import statistics
 import sys
 
 from dflash_cli.bench.datasets import load_dataset
-from dflash_cli.cache import Cache
+from dflash_cli.cache.store import Cache
 from dflash_cli.decoding.engine import Engine
-from dflash_cli.pipeline import build
-from dflash_cli.recipe import load_recipe
+from dflash_cli.recipe.schema import load_recipe
+from dflash_cli.stages.pipeline import build
 
 variants = []
 for arg in sys.argv[1:]:

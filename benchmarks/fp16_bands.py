@@ -92,11 +92,11 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=48)
     args = ap.parse_args()
 
-    from dflash_cli.cache import Cache
+    from dflash_cli.cache.store import Cache
     from dflash_cli.decoding.engine import Engine
-    from dflash_cli.pipeline import build
     from dflash_cli.readiness.fp16_bands import corpus_tokens, fp16_bands
-    from dflash_cli.recipe import load_recipe
+    from dflash_cli.recipe.schema import load_recipe
+    from dflash_cli.stages.pipeline import build
 
     if args.pair == "demo":
         recipe = load_recipe("demo", [f"export.ctx_len={CTX_LEN}", f"export.prefill_seq_len={PREFILL}"])

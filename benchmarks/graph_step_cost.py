@@ -83,7 +83,7 @@ def main() -> None:
     from dflash_cli.exporting.names import PROPOSAL_ROWS
 
     if args.as_run:
-        from dflash_cli.ort_threads import use_shared_thread_pool
+        from dflash_cli.host.ort_threads import use_shared_thread_pool
 
         use_shared_thread_pool(0)
     variants = {}

@@ -17,12 +17,12 @@ import time
 
 from dflash_cli.bench.conversation import encode_turn
 from dflash_cli.bench.datasets import load_dataset
-from dflash_cli.cache import Cache
+from dflash_cli.cache.store import Cache
 from dflash_cli.decoding.engine import build_engine
 from dflash_cli.decoding.loops import LookupProposer, LoopConfig, generate_speculative
 from dflash_cli.decoding.prompt_lookup import PromptLookupDrafter
 from dflash_cli.decoding.target_calls import TimedSession
-from dflash_cli.recipe import load_recipe
+from dflash_cli.recipe.schema import load_recipe
 
 
 def main() -> None:

@@ -103,7 +103,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=1, help="rows per call (dflash pads one-token calls to 2 where needed)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
-    from dflash_cli.ort_threads import use_shared_thread_pool
+    from dflash_cli.host.ort_threads import use_shared_thread_pool
 
     use_shared_thread_pool(0)
     cfg = json.loads((args.target / "config.json").read_text())

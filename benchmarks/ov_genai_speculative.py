@@ -77,9 +77,9 @@ def main() -> None:
     args = ap.parse_args()
 
     from dflash_cli.bench.datasets import load_dataset
-    from dflash_cli.cache import Cache
+    from dflash_cli.cache.store import Cache
     from dflash_cli.decoding.engine import build_engine
-    from dflash_cli.recipe import load_recipe
+    from dflash_cli.recipe.schema import load_recipe
 
     recipe = load_recipe("demo", [])
     engine = build_engine(recipe, Cache())

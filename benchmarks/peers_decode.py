@@ -51,10 +51,10 @@ def genai_model(pair: Path, work: Path, precision: str) -> Path:
 def dflash_engine(pair: Path, work: Path, precision: str, spinning: bool, block: int, built: str = ""):
     """dflash's engine for the pair, built in `work` at ctx_len 1024, or `built` ('RECIPE:CACHE_DIR', a build
     made earlier, e.g. by scale_build.py: a real-size pair is not exported twice)."""
-    from dflash_cli.cache import Cache
+    from dflash_cli.cache.store import Cache
     from dflash_cli.decoding.engine import Engine
-    from dflash_cli.pipeline import build
-    from dflash_cli.recipe import load_recipe
+    from dflash_cli.recipe.schema import load_recipe
+    from dflash_cli.stages.pipeline import build
 
     recipe, cache_dir = (Path(p) for p in built.split(":")) if built else (work / "recipe.yaml", work / "dflash-cache")
     if not built:
@@ -214,7 +214,7 @@ def main() -> None:
     ap.add_argument("--dflash-build", default="", metavar="RECIPE:CACHE_DIR", help="use this build, made earlier")
     ap.add_argument("--no-dflash", action="store_true", help="peers only (a shape whose two copies do not fit)")
     args = ap.parse_args()
-    import dflash_cli.ort_threads as ort_threads
+    import dflash_cli.host.ort_threads as ort_threads
 
     # GenAI runs ONNX Runtime sessions in this process too, and a process-wide shared pool would be forced
     # on them; dflash's rows here are one target session each, spinning off / on, with pools of their own.

@@ -24,10 +24,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dflash_cli.bench.datasets import load_dataset  # noqa: E402
-from dflash_cli.cache import Cache  # noqa: E402
+from dflash_cli.cache.store import Cache  # noqa: E402
 from dflash_cli.decoding.engine import Engine  # noqa: E402
-from dflash_cli.pipeline import build  # noqa: E402
-from dflash_cli.recipe import load_recipe  # noqa: E402
+from dflash_cli.recipe.schema import load_recipe  # noqa: E402
+from dflash_cli.stages.pipeline import build  # noqa: E402
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

@@ -32,10 +32,10 @@ def main() -> None:
     args = ap.parse_args()
     import onnxruntime as ort
 
-    from dflash_cli.cache import Cache
-    from dflash_cli.pipeline import artifact_path, build
+    from dflash_cli.cache.store import Cache
     from dflash_cli.readiness import readiness_report
-    from dflash_cli.recipe import load_recipe
+    from dflash_cli.recipe.schema import load_recipe
+    from dflash_cli.stages.pipeline import artifact_path, build
 
     recipe = load_recipe(args.recipe, ["compile.backend=qaic", f"compile.qaic.full_batch_size={args.slots}"])
     cache = Cache(args.cache_dir)

@@ -14,11 +14,11 @@ import argparse
 import statistics
 from pathlib import Path
 
-from dflash_cli.cache import Cache
+from dflash_cli.cache.store import Cache
 from dflash_cli.decoding.engine import Engine
-from dflash_cli.pipeline import build
 from dflash_cli.readiness.fp16_bands import corpus_tokens
-from dflash_cli.recipe import load_recipe
+from dflash_cli.recipe.schema import load_recipe
+from dflash_cli.stages.pipeline import build
 
 
 def main() -> None:

@@ -138,9 +138,9 @@ def main() -> None:
     args = ap.parse_args()
 
     from dflash_cli.bench import load_dataset
-    from dflash_cli.cache import Cache
+    from dflash_cli.cache.store import Cache
     from dflash_cli.decoding.engine import Engine
-    from dflash_cli.recipe import load_recipe
+    from dflash_cli.recipe.schema import load_recipe
 
     prompts = [s.turns[0] for s in load_dataset("humaneval", max_samples=args.requests, seed=args.seed)]
     engine = Engine.load(load_recipe(args.recipe, args.sets), Cache(args.cache_dir))

@@ -69,9 +69,9 @@ def main() -> None:
         raise SystemExit(f"no {guidellm}: run `bash benchmarks/client_setup.sh` first")
 
     from dflash_cli.bench import load_dataset
-    from dflash_cli.cache import Cache
-    from dflash_cli.pipeline import artifact_path
-    from dflash_cli.recipe import load_recipe
+    from dflash_cli.cache.store import Cache
+    from dflash_cli.recipe.schema import load_recipe
+    from dflash_cli.stages.pipeline import artifact_path
 
     recipe = load_recipe(args.recipe, args.sets)
     tokenizer = artifact_path(recipe, Cache(args.cache_dir), "inject") / "target"  # the one the server uses

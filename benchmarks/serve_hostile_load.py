@@ -104,8 +104,8 @@ def _decoder(recipe: str) -> Callable[[list[int]], str]:
     """The target's tokenizer, to decode the expected tokens the way the server streams them."""
     from transformers import AutoTokenizer
 
-    from dflash_cli.checkpoints import resolve_checkpoint_dir
-    from dflash_cli.recipe import load_recipe
+    from dflash_cli.checkpoints.locate import resolve_checkpoint_dir
+    from dflash_cli.recipe.schema import load_recipe
 
     tok = AutoTokenizer.from_pretrained(str(resolve_checkpoint_dir(load_recipe(recipe).target.path, "target")))
     return lambda ids: tok.decode(ids, skip_special_tokens=True)

@@ -114,9 +114,9 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def overhead(args, url: str, prompts: list[str]) -> dict:
-    from dflash_cli.cache import Cache
+    from dflash_cli.cache.store import Cache
     from dflash_cli.decoding.engine import Engine
-    from dflash_cli.recipe import load_recipe
+    from dflash_cli.recipe.schema import load_recipe
 
     engine = Engine.load(load_recipe(args.recipe), Cache(Path(args.cache_dir) if args.cache_dir else None))
     rows, same = [], 0  # per prompt: (decode tokens, decode s, tokens, total s) direct, streamed, whole

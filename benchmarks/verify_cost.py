@@ -66,9 +66,9 @@ def main() -> None:
     import numpy as np
     import yaml
 
-    from dflash_cli.cache import Cache
+    from dflash_cli.cache.store import Cache
     from dflash_cli.decoding.engine import build_engine
-    from dflash_cli.recipe import load_recipe
+    from dflash_cli.recipe.schema import load_recipe
 
     with tempfile.TemporaryDirectory(prefix="dflash-verify-cost-") as tmp:
         tmp = Path(tmp)

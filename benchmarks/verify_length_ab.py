@@ -53,11 +53,11 @@ def main() -> None:
     assert modes[0] == "plain", "plain comes first: every mode is compared with it"
 
     from dflash_cli.bench.datasets import load_dataset
-    from dflash_cli.cache import Cache
+    from dflash_cli.cache.store import Cache
     from dflash_cli.decoding.engine import build_engine
     from dflash_cli.decoding.hybrid import HybridProposer
     from dflash_cli.decoding.verify_length import VerifyBudget
-    from dflash_cli.recipe import load_recipe
+    from dflash_cli.recipe.schema import load_recipe
 
     every_proposal, no_floor = {"on": False}, {"on": False}
     floor = HybridProposer._rate_floor

@@ -32,9 +32,9 @@ def main() -> None:
 
     from PIL import Image
 
-    from dflash_cli.cache import Cache
+    from dflash_cli.cache.store import Cache
     from dflash_cli.decoding.engine import Engine
-    from dflash_cli.recipe import load_recipe
+    from dflash_cli.recipe.schema import load_recipe
 
     engine = Engine.load(load_recipe(args.recipe, args.sets), Cache(Path(args.cache)))
     reader = engine.images

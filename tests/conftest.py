@@ -14,7 +14,7 @@ _ROOT = str(Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-import dflash_cli.ort_threads as _ort_threads  # noqa: E402
+import dflash_cli.host.ort_threads as _ort_threads  # noqa: E402
 from tests.fixtures.tiny_pairs import TinyPair, make_pair  # noqa: E402
 
 # Tests open ONNX Runtime sessions of their own (per-session pools), which ONNX Runtime refuses once a

@@ -9,9 +9,9 @@ from tests.fixtures.tiny_pairs import TinyPair
 
 
 def build_recipe(pair: TinyPair, root: Path, **overrides: Any):
-    from dflash_cli.cache import Cache
-    from dflash_cli.pipeline import build
-    from dflash_cli.recipe import load_recipe
+    from dflash_cli.cache.store import Cache
+    from dflash_cli.recipe.schema import load_recipe
+    from dflash_cli.stages.pipeline import build
 
     path = pair.write_recipe(root / "recipe.yaml", **overrides)
     recipe = load_recipe(str(path))
@@ -100,7 +100,7 @@ def prefix_and_static(pair: TinyPair, root: Path, hf_class=None, **export: Any):
     from transformers import AutoModelForCausalLM
 
     from dflash_cli.decoding.engine import Engine
-    from dflash_cli.recipe import load_recipe
+    from dflash_cli.recipe.schema import load_recipe
 
     recipe, cache = build_recipe(pair, root, export={"logits": True, **export})
     prefix = Engine.load(recipe, cache)

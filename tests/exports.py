@@ -27,9 +27,9 @@ REFUSAL = "refused for the reference"
 
 def inject(pair: TinyPair, root: Path, **overrides) -> Path:
     """The pair's inject artifact, built by the real pipeline into `root`/cache."""
-    from dflash_cli.cache import Cache
-    from dflash_cli.pipeline import artifact_paths, build
-    from dflash_cli.recipe import load_recipe
+    from dflash_cli.cache.store import Cache
+    from dflash_cli.recipe.schema import load_recipe
+    from dflash_cli.stages.pipeline import artifact_paths, build
 
     recipe = load_recipe(str(pair.write_recipe(root / "recipe.yaml", **overrides)))
     cache = Cache(root / "cache")

@@ -272,7 +272,7 @@ def test_slots_are_sized_by_a_session_and_a_cache_each(monkeypatch):
     in half of it, not the 4 that counting weights alone allowed."""
     import types
 
-    import dflash_cli.process_memory as pm
+    import dflash_cli.host.memory as pm
     from dflash_cli.decoding.batched_engine import affordable_slots
 
     kv = types.SimpleNamespace(nbytes=1_200_000_000)

@@ -31,7 +31,7 @@ def built(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
         return SimpleNamespace(name=ref, block_size=block, overrides=list(overrides))
 
     def build_engine(recipe: SimpleNamespace, cache: object, progress: object) -> FakeEngine:
-        builds.append({"overrides": recipe.overrides, "cache_root": cache.root})  # a dflash_cli.cache.Cache
+        builds.append({"overrides": recipe.overrides, "cache_root": cache.root})  # a dflash_cli.cache.store.Cache
         kw = dict(engine_kw)
         if recipe.block_size == 8:
             kw["dflash_accepts"] = (6,)
@@ -40,7 +40,7 @@ def built(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
     fake_module = types.ModuleType("dflash_cli.decoding.engine")
     fake_module.build_engine = build_engine  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "dflash_cli.decoding.engine", fake_module)
-    monkeypatch.setattr("dflash_cli.recipe.load_recipe", load_recipe)
+    monkeypatch.setattr("dflash_cli.recipe.schema.load_recipe", load_recipe)
     builds.append({"engine_kw": engine_kw})  # index 0: knobs for the test
     return builds
 

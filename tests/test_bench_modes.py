@@ -35,7 +35,7 @@ def test_each_mode_once_and_every_list_derives_from_it():
     assert {mode for _, mode, _, _ in HEADLINE} - {"baseline"} == set(SPECULATIVE_MODES)
     assert parse_modes(",".join(MODES)) == MODES
     # The recipe's run.drafter choices are the speculative modes' names.
-    from dflash_cli.recipe import RunConfig
+    from dflash_cli.recipe.schema import RunConfig
 
     drafters = typing.get_args(RunConfig.model_fields["drafter"].annotation)
     assert set(drafters) == set(SPECULATIVE_MODES)

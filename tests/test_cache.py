@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from dflash_cli.cache import MANIFEST, Cache, compute_key, parse_age
-from dflash_cli.cache_upkeep import clean, verify
+from dflash_cli.cache.store import MANIFEST, Cache, compute_key, parse_age
+from dflash_cli.cache.upkeep import clean, verify
 from dflash_cli.errors import CacheError
 
 
@@ -90,7 +90,7 @@ def test_incomplete_artifact_is_a_miss(tmp_path: Path, damage) -> None:
 )
 def test_damaged_published_artifact_is_an_error_not_a_miss(tmp_path: Path, damage, words: str) -> None:
     """A complete manifest whose files changed: damage, reported with the fix, never silently reused."""
-    from dflash_cli.cache import CorruptArtifactError
+    from dflash_cli.cache.store import CorruptArtifactError
 
     cache = Cache(tmp_path)
     path = publish_one(cache)

@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from dflash_cli import pipeline
-from dflash_cli.cache import Cache
-from dflash_cli.cache_upkeep import clean as clean_cache
+from dflash_cli.cache.store import Cache
+from dflash_cli.cache.upkeep import clean as clean_cache
 from dflash_cli.cli.app import create_app
-from dflash_cli.pipeline import artifact_paths, build
-from dflash_cli.recipe import Recipe
+from dflash_cli.recipe.schema import Recipe
+from dflash_cli.stages import pipeline
 from dflash_cli.stages.base import StageContext
+from dflash_cli.stages.pipeline import artifact_paths, build
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,7 +65,7 @@ def test_clean_names_the_holding_process_and_a_dead_holder_blocks_nothing(tmp_pa
             "-c",
             textwrap.dedent(f"""
                 import sys
-                from dflash_cli.cache import Cache
+                from dflash_cli.cache.store import Cache
                 hold = Cache({str(tmp_path)!r}).hold("compile", {"c" * 64!r})
                 print("held", flush=True)
                 sys.stdin.read()
@@ -117,7 +117,7 @@ def test_a_reader_waiting_while_clean_deletes_the_lock_file_locks_the_new_one(tm
     import fcntl
     import threading
 
-    from dflash_cli.cache_locks import claim, forget
+    from dflash_cli.cache.locks import claim, forget
 
     cache = Cache(tmp_path)
     use, build = cache.use_lock("export", "a" * 64), cache.locks_dir / f"export-{'a' * 64}.lock"

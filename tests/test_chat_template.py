@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dflash_cli.cache import Cache
+from dflash_cli.cache.store import Cache
 from dflash_cli.decoding.engine import Engine
-from dflash_cli.recipe import load_recipe
+from dflash_cli.recipe.schema import load_recipe
 
 TEMPLATE = (
     "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"

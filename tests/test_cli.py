@@ -12,9 +12,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from dflash_cli import pipeline
 from dflash_cli.cli.app import create_app
 from dflash_cli.errors import RecipeError
+from dflash_cli.stages import pipeline
 from dflash_cli.stages.base import StageContext
 
 runner = CliRunner()

@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from dflash_cli.cli.app import create_app
-from dflash_cli.recipe_files import find_recipe
+from dflash_cli.recipe.files import find_recipe
 from tests.fixtures.tiny_pairs import TinyPair
 
 runner = CliRunner()

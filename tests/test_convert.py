@@ -11,12 +11,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from dflash_cli import checkpoints as ckpt
+from dflash_cli.checkpoints import locate as ckpt
+from dflash_cli.checkpoints.weights import WeightStore
 from dflash_cli.errors import CheckpointError
-from dflash_cli.pair import PairInfo, default_target_layer_ids, resolve_pair
+from dflash_cli.pairing.pair import PairInfo, default_target_layer_ids, resolve_pair
 from dflash_cli.stages.base import StageContext
 from dflash_cli.stages.convert import STAGE
-from dflash_cli.weights import WeightStore
 from tests.fixtures.tiny_pairs import TinyPair, draft_tensor_shapes
 
 
@@ -457,7 +457,7 @@ def test_fingerprint_sees_config_and_tokenizer_edits(qwen3_copy: TinyPair) -> No
 
 
 def test_written_recipe_drives_convert(tiny_llama_pair: TinyPair, tmp_path: Path) -> None:
-    from dflash_cli.recipe import load_recipe
+    from dflash_cli.recipe.schema import load_recipe
 
     recipe = load_recipe(str(tiny_llama_pair.write_recipe(tmp_path / "tiny.yaml")))
     assert STAGE.key_fields(recipe) == STAGE.key_fields(tiny_llama_pair.recipe(block_size=4))

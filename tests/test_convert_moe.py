@@ -11,10 +11,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from dflash_cli.checkpoints.weights import WeightStore
 from dflash_cli.errors import CheckpointError
 from dflash_cli.stages.base import StageContext
 from dflash_cli.stages.convert import STAGE
-from dflash_cli.weights import WeightStore
 from tests.fixtures.tiny_pairs import TinyPair, make_pair
 
 

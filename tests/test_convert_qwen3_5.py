@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from dflash_cli.checkpoints.weights import WeightStore
 from dflash_cli.errors import CheckpointError
 from dflash_cli.stages.base import StageContext
 from dflash_cli.stages.convert import STAGE
-from dflash_cli.weights import WeightStore
 from tests.fixtures.tiny_pairs import TinyPair, make_pair
 
 

@@ -15,9 +15,9 @@ pytestmark = pytest.mark.skipif(not (DRAFT / "model.safetensors").exists(), reas
 
 @pytest.fixture(scope="module")
 def demo_engine(tmp_path_factory):
-    from dflash_cli.cache import Cache
+    from dflash_cli.cache.store import Cache
     from dflash_cli.decoding.engine import build_engine
-    from dflash_cli.recipe import load_recipe
+    from dflash_cli.recipe.schema import load_recipe
 
     return build_engine(load_recipe("demo"), Cache(tmp_path_factory.mktemp("demo-cache")))
 
@@ -63,9 +63,9 @@ DRAFT2 = ROOT / "models" / "demo-draft2"
 
 @pytest.fixture(scope="module")
 def demo2_engine(tmp_path_factory):
-    from dflash_cli.cache import Cache
+    from dflash_cli.cache.store import Cache
     from dflash_cli.decoding.engine import build_engine
-    from dflash_cli.recipe import load_recipe
+    from dflash_cli.recipe.schema import load_recipe
 
     return build_engine(load_recipe("demo-dflash2"), Cache(tmp_path_factory.mktemp("demo2-cache")))
 

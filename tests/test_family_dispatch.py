@@ -3,7 +3,7 @@
 Code elsewhere reads a family's traits (`family_for(model_type).moe`, `FAMILIES[recipe.family].thinking_switch`)
 and never tests a family or a Hugging Face `model_type` by name: a new family is then one module there, not a
 hunt for every `== "qwen3"`. Modules are read with `ast`, never imported. Comparing two variables
-(pair.py: the recipe's family against the checkpoint's) is no by-name test and is not counted.
+(pairing/pair.py: the recipe's family against the checkpoint's) is no by-name test and is not counted.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def test_the_scan_sees_each_form():
     for src in flagged:
         assert by_name_tests(src), src
     clean = [
-        "x = recipe.family != family.model_type",  # two variables (pair.py)
+        "x = recipe.family != family.model_type",  # two variables (pairing/pair.py)
         "x = family_for(cfg.model_type).moe",
         'x = cfg.get("backend") == "qaic"',
         'x = {"model_type": "qwen3"}',

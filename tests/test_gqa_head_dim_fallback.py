@@ -25,8 +25,8 @@ HEAD_DIM = 24  # 4 query heads, 2 KV heads: a multiple of 8, not of 16
 @pytest.fixture(scope="module")
 def head_dim_24(tmp_path_factory: pytest.TempPathFactory):
     """A tiny Qwen3 pair with head_dim 24, built with fuse_attention on (the default)."""
-    from dflash_cli.cache import Cache
-    from dflash_cli.recipe import load_recipe
+    from dflash_cli.cache.store import Cache
+    from dflash_cli.recipe.schema import load_recipe
     from tests.fixtures.tiny_pairs import TinyPair, _token_id, write_dflash_draft, write_qwen3_target
 
     root = tmp_path_factory.mktemp("head_dim_24")
@@ -40,7 +40,7 @@ def head_dim_24(tmp_path_factory: pytest.TempPathFactory):
 
 def _build(built, rebuild=frozenset()):
     """Build (or rebuild) the pair; (compile.json facts, the compile stage's progress lines, compile dir)."""
-    from dflash_cli.pipeline import build
+    from dflash_cli.stages.pipeline import build
 
     lines: list[str] = []
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dflash_cli import hashing as cache_mod
-from dflash_cli.cache import Cache
-from dflash_cli.hashing import HashingWriter, sha256_file
+from dflash_cli.cache import hashing as cache_mod
+from dflash_cli.cache.hashing import HashingWriter, sha256_file
+from dflash_cli.cache.store import Cache
 
 
 def test_digest_equals_reading_the_file_back(tmp_path):

@@ -2,7 +2,7 @@
 
 Every `import dflash_cli...` / `from dflash_cli... import` in a module counts, function-level (lazy) ones
 included; those under `if TYPE_CHECKING:` do not. Modules are read with `ast`, never imported.
-A unit is a folder (dflash_cli/backends/...) or a top-level module (dflash_cli/cache.py); a module may import
+A unit is a folder (dflash_cli/backends/...) or a top-level module (dflash_cli/cache/store.py); a module may import
 from units of its own layer or lower ones. benchmarks/import_layers.py prints the listing this checks.
 """
 
@@ -18,33 +18,22 @@ NAME = PACKAGE.name
 # Lowest first. "__init__" is dflash_cli/__init__.py; a folder's own __init__.py belongs to the folder.
 LAYERS = {
     "errors": 0,
-    "versions": 0,
-    "checkpoints": 0,
-    "weights": 0,
-    "text_path": 0,  # a multimodal checkpoint's text path: config and weight names (convert)
-    "speculators_format": 1,  # a speculators draft config read as z-lab's, checked by modeling's tables (convert)
+    "host": 0,  # tool versions, ONNX Runtime's process-wide thread pool, this process's memory
+    "checkpoints": 0,  # checkpoints on disk: locating, fingerprinting, lazy tensors, a multimodal text path
     "families": 0,  # one module per target family and their registry (recipe validates its `family` by it)
-    "recipe": 0,
-    "recipe_files": 0,  # finding recipes by name or path (recipe.py loads them)
-    "cache": 0,
-    "cache_contents": 0,
-    "cache_locks": 0,
-    "cache_upkeep": 0,
-    "process_memory": 0,
-    "hashing": 0,
-    "vision_feeds": 0,  # a vision-language target's per-call image inputs (the backends fill them)
-    "image_inputs": 1,  # images into a prompt: the tower's feeds, M-RoPE positions (exporting and decoding)
-    "ort_threads": 0,  # ONNX Runtime's process-wide thread pool: exporting/ and backends/ both open sessions
+    "recipe": 0,  # the recipe schema and finding recipe files
+    "cache": 0,  # the artifact store, its locks, integrity checks, upkeep and hashing
+    "corpora": 0,  # the standard library's sources as text (the demo trains on them, readiness measures on them)
     "__init__": 0,
     "modeling": 1,
+    "vision": 1,  # images into a prompt (the tower's feeds, M-RoPE positions) and each call's image inputs
     "demo": 1,  # demo may import modeling (not the reverse: the folder-cycle test)
-    "pair": 2,
+    "pairing": 2,  # a target and draft as one pair; speculators drafts read as z-lab's
     "exporting": 3,
     "ortcompile": 4,
     "backends": 5,
     "qaic": 6,
-    "stages": 7,
-    "pipeline": 7,  # pipeline imports stages
+    "stages": 7,  # the stages and the pipeline that runs them
     "readiness": 8,
     "decoding": 9,
     "bench": 10,
@@ -66,7 +55,7 @@ def modules(package: Path = PACKAGE) -> dict[str, Path]:
 
 
 def unit(module: str) -> str:
-    """dflash_cli.backends.ort -> backends; dflash_cli.cache -> cache; dflash_cli -> __init__."""
+    """dflash_cli.backends.ort -> backends; dflash_cli.cache.store -> cache; dflash_cli -> __init__."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "__init__"
 

@@ -11,13 +11,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from dflash_cli import checkpoints as ckpt
+from dflash_cli.checkpoints import locate as ckpt
+from dflash_cli.checkpoints.weights import WeightStore
 from dflash_cli.errors import CheckpointError
-from dflash_cli.pair import PairInfo
+from dflash_cli.pairing.pair import PairInfo
 from dflash_cli.stages import convert, inject
 from dflash_cli.stages.base import StageContext
 from dflash_cli.stages.inject import fc_scale, fused_context
-from dflash_cli.weights import WeightStore
 from tests.fixtures.tiny_pairs import TinyPair
 
 FP16_MAX = torch.finfo(torch.float16).max

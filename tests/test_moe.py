@@ -68,12 +68,12 @@ def test_build_checked_experts_per_token(built) -> None:
 def test_reduced_validation_keeps_fewer_experts(tmp_path, monkeypatch) -> None:
     """A large MoE pair validates a reduced model with its first experts only (memory: most of a layer's bytes
     are experts), grown from the export's own traced layer; a wrongly streamed expert still fails the stage."""
-    from dflash_cli.cache import Cache
+    from dflash_cli.cache.store import Cache
     from dflash_cli.errors import ExportValidationError
     from dflash_cli.exporting import graphs, reduced, validate
-    from dflash_cli.pipeline import artifact_paths, build
-    from dflash_cli.recipe import load_recipe
+    from dflash_cli.recipe.schema import load_recipe
     from dflash_cli.stages import export
+    from dflash_cli.stages.pipeline import artifact_paths, build
 
     monkeypatch.setattr(export, "FULL_VALIDATION_BYTES", 0)
     monkeypatch.setattr(reduced, "VOCAB", 300)

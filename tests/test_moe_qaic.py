@@ -56,10 +56,10 @@ def test_every_mode_on_the_qaic_graphs_equals_hf_generate(qaic_build) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from dflash_cli.cache import Cache
+    from dflash_cli.cache.store import Cache
     from dflash_cli.decoding.engine import Artifacts, Engine
-    from dflash_cli.pipeline import artifact_path
-    from dflash_cli.recipe import load_recipe
+    from dflash_cli.recipe.schema import load_recipe
+    from dflash_cli.stages.pipeline import artifact_path
 
     pair, recipe_path, cache, _ = qaic_build
     qaic = load_recipe(str(recipe_path))
@@ -78,7 +78,7 @@ def test_slot_graphs_batch_calls_and_change_no_sequence(qaic_build) -> None:
     tokens gather their experts row by row, gives each sequence what it gets alone."""
     from dflash_cli.backends.batch_invariance import check_target
     from dflash_cli.qaic.slots import QaicSlots
-    from dflash_cli.recipe import load_recipe
+    from dflash_cli.recipe.schema import load_recipe
     from tests.qaic_emulation import EmulatedProgram
 
     pair, recipe_path, cache, bundle = qaic_build

@@ -60,7 +60,7 @@ def test_fuse_off_keeps_the_exported_graphs(tiny_qwen3_pair, tmp_path: Path) -> 
     from tests.engines import build_recipe
 
     recipe, cache = build_recipe(tiny_qwen3_pair, tmp_path, compile={"backend": "ort", "ort": {"fuse": False}})
-    from dflash_cli.pipeline import build
+    from dflash_cli.stages.pipeline import build
 
     compiled = build(recipe, cache).path("compile")
     assert "SimplifiedLayerNormalization" not in _ops(compiled / "target.onnx")

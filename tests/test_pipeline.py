@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
-from dflash_cli import pipeline
-from dflash_cli.cache import Cache
+from dflash_cli.cache.store import Cache
 from dflash_cli.errors import CacheError, DFlashError
-from dflash_cli.pipeline import artifact_path, build, stage_keys
-from dflash_cli.recipe import Recipe
+from dflash_cli.recipe.schema import Recipe
+from dflash_cli.stages import pipeline
 from dflash_cli.stages.base import StageContext
+from dflash_cli.stages.pipeline import artifact_path, build, stage_keys
 
 RECIPE = {"name": "tiny", "family": "qwen3", "target": {"path": "t"}, "draft": {"path": "d"}}
 
@@ -183,7 +183,7 @@ def test_artifact_path(tmp_path: Path) -> None:
 def test_default_stages_are_lazy_and_light() -> None:
     # Importing the pipeline and listing its stages must not drag in torch/onnx/transformers.
     code = (
-        "import sys; from dflash_cli import pipeline; names = [s.name for s in pipeline.STAGES]; "
+        "import sys; from dflash_cli.stages import pipeline; names = [s.name for s in pipeline.STAGES]; "
         "heavy = [m for m in ('torch', 'onnx', 'transformers', 'onnxruntime') if m in sys.modules]; "
         "print(names, heavy)"
     )
@@ -202,9 +202,9 @@ HANGING_BUILD = textwrap.dedent(
     """
     import json, sys, time
     from pathlib import Path
-    from dflash_cli.cache import Cache
-    from dflash_cli.pipeline import build
-    from dflash_cli.recipe import Recipe
+    from dflash_cli.cache.store import Cache
+    from dflash_cli.stages.pipeline import build
+    from dflash_cli.recipe.schema import Recipe
 
     class Hang:
         name, version, upstream = "convert", 1, ()
@@ -294,7 +294,7 @@ def test_concurrent_builds_of_one_recipe_build_once(tmp_path: Path) -> None:
 
 def test_keys_hash_only_the_tool_versions_a_stage_depends_on(tmp_path: Path, monkeypatch) -> None:
     """An onnxruntime upgrade rebuilds compile only; a torch upgrade rebuilds inject, export and compile's inputs."""
-    from dflash_cli import versions
+    from dflash_cli.host import versions
 
     real = versions.package_version
     recipe = make_recipe()
@@ -313,7 +313,7 @@ def test_keys_hash_only_the_tool_versions_a_stage_depends_on(tmp_path: Path, mon
 
 def _key_stages():
     """The real stages' names, upstreams and tools, with recipe-independent key fields."""
-    from dflash_cli.pipeline import default_stages
+    from dflash_cli.stages.pipeline import default_stages
 
     for real in default_stages():
         fake = FakeStage(real.name, real.upstream)

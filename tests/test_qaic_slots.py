@@ -21,9 +21,9 @@ PREFILL, CTX = 8, 64
 
 @pytest.fixture(scope="module")
 def export(tiny_qwen3_pair, tmp_path_factory) -> Path:
-    from dflash_cli.cache import Cache
-    from dflash_cli.pipeline import artifact_path, build
-    from dflash_cli.recipe import load_recipe
+    from dflash_cli.cache.store import Cache
+    from dflash_cli.recipe.schema import load_recipe
+    from dflash_cli.stages.pipeline import artifact_path, build
 
     root = tmp_path_factory.mktemp("qaic_slots")
     qaic = {"backend": "qaic", "qaic": {"full_batch_size": FULL}}
@@ -126,7 +126,7 @@ def test_specializations_readiness_and_bundle(export: Path, tmp_path: Path, monk
 
 
 def test_recipe_refuses_a_full_batch_for_a_target_with_recurrent_state(tiny_qwen3_pair, tmp_path: Path) -> None:
-    from dflash_cli.recipe import load_recipe
+    from dflash_cli.recipe.schema import load_recipe
     from tests.fixtures.tiny_pairs import write_recipe
 
     path = write_recipe(tmp_path / "r.yaml", tiny_qwen3_pair.target_dir, tiny_qwen3_pair.draft_dir, "qwen3_5")

@@ -95,7 +95,7 @@ def test_lean_int4_equals_int4_from_a_full_export(family: str, request, tmp_path
     import json
 
     from dflash_cli.exporting import weight_sources
-    from dflash_cli.pipeline import artifact_paths
+    from dflash_cli.stages.pipeline import artifact_paths
     from tests.engines import build_recipe
 
     pair = request.getfixturevalue(f"tiny_{family}_pair")
@@ -129,12 +129,12 @@ def test_lean_export_with_a_changed_checkpoint_is_a_clear_error(tiny_llama_pair,
     import json
     import os
 
-    from dflash_cli.cache import Cache
+    from dflash_cli.cache.store import Cache
     from dflash_cli.errors import DFlashError
     from dflash_cli.exporting.weight_sources import SourceReader
     from dflash_cli.ortcompile.quantize import quantize_graph
-    from dflash_cli.pipeline import artifact_paths, build
-    from dflash_cli.recipe import load_recipe
+    from dflash_cli.recipe.schema import load_recipe
+    from dflash_cli.stages.pipeline import artifact_paths, build
 
     path = tiny_llama_pair.write_recipe(tmp_path / "recipe.yaml", compile={"ort": {"precision": "int8"}})
     recipe, cache = load_recipe(str(path)), Cache(tmp_path / "cache")

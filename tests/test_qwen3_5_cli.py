@@ -29,7 +29,7 @@ def test_quantised_build_runs_and_benches_losslessly(precision: str, tmp_path: P
 
 
 def test_accuracy_level_defaults_by_family() -> None:
-    from dflash_cli.recipe import load_recipe
+    from dflash_cli.recipe.schema import load_recipe
 
     def level(family: str, asked: int | None = None) -> int:
         sets = [f"family={family}", *([f"compile.ort.accuracy_level={asked}"] if asked is not None else [])]

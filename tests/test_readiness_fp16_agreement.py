@@ -15,7 +15,7 @@ from tests.engines import build_recipe
 @pytest.fixture(scope="module")
 def built(tiny_qwen3_pair, tmp_path_factory):
     from dflash_cli.decoding.engine import Engine
-    from dflash_cli.pipeline import build
+    from dflash_cli.stages.pipeline import build
 
     recipe, cache = build_recipe(tiny_qwen3_pair, tmp_path_factory.mktemp("fp16_agreement"))
     return Engine.load(recipe, cache), build(recipe, cache)

@@ -8,8 +8,8 @@ import pytest
 from pydantic import ValidationError
 
 from dflash_cli.errors import RecipeError
-from dflash_cli.recipe import Recipe, load_recipe, parse_override
-from dflash_cli.recipe_files import list_recipes
+from dflash_cli.recipe.files import list_recipes
+from dflash_cli.recipe.schema import Recipe, load_recipe, parse_override
 
 REPO_RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 

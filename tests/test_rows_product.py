@@ -92,7 +92,7 @@ def test_w8a8_build_is_checked_and_lossless(family: str, request, tmp_path: Path
 @pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe"])
 def test_w8a8_refused_for_a_family_whose_activations_stay_float(family: str) -> None:
     from dflash_cli.errors import RecipeError
-    from dflash_cli.recipe import load_recipe
+    from dflash_cli.recipe.schema import load_recipe
 
     with pytest.raises(RecipeError, match=f"w8a8 quantises activations, which {family} cannot take losslessly"):
         load_recipe("demo", [f"family={family}", "compile.ort.precision=w8a8"])

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from dflash_cli.cache import Cache
-from dflash_cli.cache_upkeep import verify
-from dflash_cli.pipeline import artifact_paths, build
-from dflash_cli.recipe import load_recipe
+from dflash_cli.cache.store import Cache
+from dflash_cli.cache.upkeep import verify
+from dflash_cli.recipe.schema import load_recipe
+from dflash_cli.stages.pipeline import artifact_paths, build
 from tests.fixtures.tiny_pairs import TinyPair
 
 pytestmark = pytest.mark.slow  # builds or exports pairs: left out of `make test-fast`
@@ -78,7 +78,7 @@ def test_removing_an_artifact_keeps_files_other_artifacts_use(tiny_qwen3_pair: T
     paths = artifact_paths(recipe, cache, ("convert", "inject", "export", "compile"))
     entries = {e.stage: e for e in cache.entries()}
     # What clean would free for convert alone: nothing that inject still links (nor the user's checkpoint).
-    from dflash_cli.cache_upkeep import freed_bytes
+    from dflash_cli.cache.upkeep import freed_bytes
 
     side = sum(p.stat().st_size for p in paths["convert"].rglob("*") if p.is_file() and p.suffix != ".safetensors")
     assert freed_bytes([paths["convert"]]) == side  # configs and tokenizer only: the weights are still linked

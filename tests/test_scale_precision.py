@@ -106,7 +106,7 @@ def test_causal_check_catches_per_call_activation_scales(tiny_qwen3_pair: TinyPa
 def test_fp16_export_runs_and_validates(tiny_qwen3_pair: TinyPair, tmp_path: Path) -> None:
     import onnx
 
-    from dflash_cli.pipeline import artifact_paths
+    from dflash_cli.stages.pipeline import artifact_paths
 
     recipe, cache = _export_only(tiny_qwen3_pair, tmp_path, "fp16", export={"dtype": "fp16"})
     export = artifact_paths(recipe, cache, ["export"])["export"]
@@ -126,9 +126,9 @@ def test_fp16_export_runs_and_validates(tiny_qwen3_pair: TinyPair, tmp_path: Pat
 
 def _export_only(pair: TinyPair, root: Path, name: str = "recipe", **overrides):
     """The pair built up to its export, into root/cache."""
-    from dflash_cli.cache import Cache
-    from dflash_cli.pipeline import build
-    from dflash_cli.recipe import load_recipe
+    from dflash_cli.cache.store import Cache
+    from dflash_cli.recipe.schema import load_recipe
+    from dflash_cli.stages.pipeline import build
 
     recipe = load_recipe(str(pair.write_recipe(root / f"{name}.yaml", **overrides)))
     cache = Cache(root / "cache")
@@ -147,7 +147,7 @@ def test_reduced_validation_passes_and_catches_a_bad_weight(tiny_llama_pair: Tin
     monkeypatch.setattr(validate, "_export_reduced", lambda *a: traced.append(a))
     recipe, cache = _export_only(tiny_llama_pair, tmp_path / "ok")
     assert traced == []
-    from dflash_cli.pipeline import artifact_paths
+    from dflash_cli.stages.pipeline import artifact_paths
 
     export_dir = artifact_paths(recipe, cache, ["export"])["export"]
     doc = json.loads((export_dir / "validation.json").read_text())
@@ -180,8 +180,8 @@ def test_int4_from_an_fp16_export_stays_lossless(tiny_llama_pair: TinyPair, tmp_
 def test_reduced_model_falls_back_to_its_own_trace(tiny_qwen3_pair: TinyPair, tmp_path: Path, monkeypatch):
     """When the reduced model cannot be grown from the traced layers, it is traced itself and still validates."""
     from dflash_cli.exporting import reduced, validate
-    from dflash_cli.pipeline import artifact_paths
     from dflash_cli.stages import export
+    from dflash_cli.stages.pipeline import artifact_paths
 
     monkeypatch.setattr(export, "FULL_VALIDATION_BYTES", 0)
     monkeypatch.setattr(reduced, "VOCAB", 300)

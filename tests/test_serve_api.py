@@ -105,7 +105,7 @@ def test_ignore_eos_decodes_to_max_tokens(client, qwen3_engine):
 
 
 def test_chat_uses_the_template_and_thinking_switch(server, qwen3_engine):
-    from dflash_cli.cache import Cache
+    from dflash_cli.cache.store import Cache
     from dflash_cli.decoding.engine import Engine
 
     engine = Engine.load(qwen3_engine.recipe, Cache(qwen3_engine.compile_dir.parents[2]))

@@ -7,7 +7,7 @@ import pytest
 
 from dflash_cli.decoding.result import GenerationResult
 from dflash_cli.decoding.text_stream import TextStream
-from dflash_cli.recipe import RunConfig
+from dflash_cli.recipe.schema import RunConfig
 from dflash_cli.serve.metrics import ServerMetrics
 from dflash_cli.serve.protocol import ApiError, parse_request
 
@@ -109,7 +109,7 @@ def test_plain_requests_add_no_drafts():
 
 
 def test_handoff_commands(tiny_qwen3_pair, tmp_path):
-    from dflash_cli.recipe import load_recipe
+    from dflash_cli.recipe.schema import load_recipe
     from dflash_cli.serve.handoff import handoff_command
 
     recipe = load_recipe(str(tiny_qwen3_pair.write_recipe(tmp_path / "r.yaml")))
@@ -124,7 +124,7 @@ def test_handoff_commands(tiny_qwen3_pair, tmp_path):
 
 
 def test_handoff_keeps_hub_ids(tiny_qwen3_pair, tmp_path):
-    from dflash_cli.recipe import load_recipe
+    from dflash_cli.recipe.schema import load_recipe
     from dflash_cli.serve.handoff import handoff_command
 
     path = tiny_qwen3_pair.write_recipe(

@@ -11,10 +11,10 @@ from tests.engines import build_recipe
 
 _SCRIPT = """
 import json, sys
-from dflash_cli.ort_threads import shared_thread_pool
-from dflash_cli.cache import Cache
+from dflash_cli.host.ort_threads import shared_thread_pool
+from dflash_cli.cache.store import Cache
 from dflash_cli.decoding.engine import Engine
-from dflash_cli.recipe import load_recipe
+from dflash_cli.recipe.schema import load_recipe
 
 engine = Engine.load(load_recipe(sys.argv[1], sys.argv[3:]), Cache(sys.argv[2]))
 same = []

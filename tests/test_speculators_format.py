@@ -190,7 +190,7 @@ def test_a_dflash2_drafts_logit_transforms_are_computed():
     """output_multiplier and final_logit_softcapping at a speculators DFlash2 config's top level reach the
     selector as they do from a z-lab dflash_config."""
     from dflash_cli.modeling.dflash2_config import spec_of
-    from dflash_cli.speculators_format import as_zlab
+    from dflash_cli.pairing.speculators import as_zlab
 
     layer = {"hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 400}
     cfg = {"speculators_model_type": "dflash2", "transformer_layer_config": layer, "aux_hidden_state_layer_ids": [2, 3]}

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from dflash_cli.cache import Cache
+from dflash_cli.cache.store import Cache
 from dflash_cli.decoding.tokenizer import load_tokenizer
-from dflash_cli.pipeline import artifact_path, build
-from dflash_cli.recipe import load_recipe
+from dflash_cli.recipe.schema import load_recipe
+from dflash_cli.stages.pipeline import artifact_path, build
 from tests.fixtures.tiny_pairs import make_pair
 
 CHATML = (  # for the checkpoints written without a template: each family is read templated too

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from dflash_cli import cache_contents
+from dflash_cli.cache import contents as cache_contents
 from dflash_cli.cli.app import create_app
 from dflash_cli.errors import GenerationError
 from tests.fixtures.damage import rot_in_place
@@ -90,11 +90,11 @@ def test_bench_results_path_that_cannot_be_written(qwen3_engine, tmp_path: Path,
 
 
 def test_full_disk_during_a_stage_is_one_error_and_publishes_nothing(tiny_qwen3_pair, tmp_path, monkeypatch) -> None:
-    from dflash_cli.cache import Cache
+    from dflash_cli.cache.store import Cache
     from dflash_cli.errors import CacheError
-    from dflash_cli.pipeline import build
-    from dflash_cli.recipe import load_recipe
+    from dflash_cli.recipe.schema import load_recipe
     from dflash_cli.stages import export
+    from dflash_cli.stages.pipeline import build
 
     def full_disk(self, ctx):
         (ctx.out_dir / "target.onnx.data").write_bytes(b"partial")

@@ -10,10 +10,10 @@ from tests.fixtures.tiny_pairs import make_pair
 
 @pytest.mark.slow
 def test_validation_that_does_not_fit_is_skipped_with_the_reason(tmp_path, monkeypatch) -> None:
-    from dflash_cli import process_memory
-    from dflash_cli.cache import Cache
-    from dflash_cli.pipeline import build
-    from dflash_cli.recipe import load_recipe
+    from dflash_cli.cache.store import Cache
+    from dflash_cli.host import memory as process_memory
+    from dflash_cli.recipe.schema import load_recipe
+    from dflash_cli.stages.pipeline import build
 
     monkeypatch.setattr(process_memory, "available_bytes", lambda: 1 << 20)  # 1 MiB free
     pair = make_pair(tmp_path / "pair", "qwen3")

@@ -14,8 +14,8 @@ import numpy as np
 
 from dflash_cli.backends.base import SessionTraits, is_cache_input, is_kv_input, retained_name
 from dflash_cli.errors import BackendError
-from dflash_cli.ort_threads import apply_thread_pool
-from dflash_cli.vision_feeds import VisionFeeder
+from dflash_cli.host.ort_threads import apply_thread_pool
+from dflash_cli.vision.feeds import VisionFeeder
 
 _OPT_LEVELS = {
     "disable": "ORT_DISABLE_ALL",

@@ -21,7 +21,7 @@ from dflash_cli.backends.carried_state import CarriedState
 from dflash_cli.backends.ort import OrtSettings, cpu_session
 from dflash_cli.backends.single_row import first_row, pad_single_row
 from dflash_cli.errors import BackendError
-from dflash_cli.vision_feeds import VisionFeeder
+from dflash_cli.vision.feeds import VisionFeeder
 
 
 def is_in_place_graph(onnx_path: Path) -> bool:

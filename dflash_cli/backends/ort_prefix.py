@@ -31,7 +31,7 @@ from dflash_cli.backends.ort import OrtSettings, cpu_session
 from dflash_cli.backends.ort_kv_inplace import OrtInPlaceKvSession, is_in_place_graph
 from dflash_cli.backends.single_row import first_row, pad_single_row
 from dflash_cli.errors import BackendError
-from dflash_cli.vision_feeds import VisionFeeder
+from dflash_cli.vision.feeds import VisionFeeder
 
 PRESENT_PREFIX = "present_"
 

@@ -1,6 +1,6 @@
 """The environment fingerprint stored with every bench document, so numbers can be compared later.
 
-Package versions come from metadata (dflash_cli.versions), never by importing torch.
+Package versions come from metadata (dflash_cli.host.versions), never by importing torch.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import dflash_cli
-from dflash_cli.versions import package_version
+from dflash_cli.host.versions import package_version
 
 _CPUINFO = Path("/proc/cpuinfo")
 # Keys naming the CPU model in /proc/cpuinfo: x86 uses "model name", some ARM kernels the others.

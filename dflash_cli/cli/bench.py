@@ -42,7 +42,7 @@ from dflash_cli.cli.common import (
 )
 from dflash_cli.decoding.modes import ALIASES, MODES
 from dflash_cli.errors import DFlashError
-from dflash_cli.recipe import DEFAULT_RECIPE
+from dflash_cli.recipe.schema import DEFAULT_RECIPE
 
 if TYPE_CHECKING:  # the bench library is imported inside the command, keeping `dflash --help` fast
     from dflash_cli.bench import BenchSettings, Sample
@@ -203,7 +203,7 @@ def bench_command(
     plot: PlotOpt = None,
 ) -> None:
     from dflash_cli.bench import BenchSettings, load_dataset
-    from dflash_cli.recipe import did_you_mean
+    from dflash_cli.recipe.schema import did_you_mean
 
     if format_ is not None and format_ not in FORMATS:
         raise typer.BadParameter(
@@ -229,7 +229,7 @@ def bench_command(
     samples = load_dataset(dataset, max_samples=max_samples, seed=seed)  # fail on a bad dataset before building
     recipe_given = ctx.get_parameter_source("recipe").name != "DEFAULT"
     if max_new_tokens is None:
-        from dflash_cli.recipe import load_recipe
+        from dflash_cli.recipe.schema import load_recipe
 
         max_new_tokens = load_recipe(recipe, set_ or []).run.max_new_tokens
     settings = BenchSettings(
@@ -278,10 +278,10 @@ def _bench_one(
     from dflash_cli.bench import ResultsLog, build_document, default_results_path, run_bench
     from dflash_cli.bench.datasets import dataset_name
     from dflash_cli.bench.report import LiveProgress
-    from dflash_cli.cache import Cache
+    from dflash_cli.cache.store import Cache
     from dflash_cli.cli.build import build_progress
     from dflash_cli.decoding.engine import build_engine
-    from dflash_cli.recipe import load_recipe
+    from dflash_cli.recipe.schema import load_recipe
 
     recipe = load_recipe(recipe_ref, overrides)
     cache = Cache(cache_dir)

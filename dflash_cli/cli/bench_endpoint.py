@@ -202,10 +202,10 @@ def finish_load(doc: dict, fmt: str, output: Path | None, plot: Path | None, wri
 
 def _plain_decoder(recipe_ref: str, overrides: list[str] | None, cache_dir: Path | None, settings: BenchSettings):
     """messages -> the recipe's plain greedy text for them (built first where needed): the lossless reference."""
-    from dflash_cli.cache import Cache
+    from dflash_cli.cache.store import Cache
     from dflash_cli.cli.build import build_progress
     from dflash_cli.decoding.engine import build_engine
-    from dflash_cli.recipe import load_recipe
+    from dflash_cli.recipe.schema import load_recipe
 
     with build_progress() as on_event:
         engine = build_engine(load_recipe(recipe_ref, overrides or []), Cache(cache_dir), on_event)

@@ -29,7 +29,7 @@ from dflash_cli.cli.common import (
     show_settings,
     stdout_to_stderr,
 )
-from dflash_cli.recipe import DEFAULT_RECIPE
+from dflash_cli.recipe.schema import DEFAULT_RECIPE
 
 NOTE_PREFIXES = ("note:", "warning:")  # progress lines a terminal keeps (the rest only update the spinner)
 UptoOpt = Annotated[str | None, typer.Option("--upto", metavar="STAGE", help="Stop after this stage.")]
@@ -62,8 +62,8 @@ def build_command(
 
 def check_stage_names(upto: str | None, rebuild: list[str] | None) -> None:
     """A misspelt stage is a usage error (exit 2, with the choices), before anything is printed or built."""
-    from dflash_cli.pipeline import STAGE_NAMES
-    from dflash_cli.recipe import did_you_mean
+    from dflash_cli.recipe.schema import did_you_mean
+    from dflash_cli.stages.pipeline import STAGE_NAMES
 
     for flag, names in (("--upto", [upto] if upto else []), ("--rebuild", rebuild or [])):
         for name in names:
@@ -86,9 +86,9 @@ def execute_build(
 ) -> None:
     """Load the recipe, show the settings, build with progress, print the result (table or JSON)."""
     # Imported here so `dflash --help` never loads the stage graph.
-    from dflash_cli.cache import Cache
-    from dflash_cli.pipeline import build
-    from dflash_cli.recipe import load_recipe
+    from dflash_cli.cache.store import Cache
+    from dflash_cli.recipe.schema import load_recipe
+    from dflash_cli.stages.pipeline import build
 
     recipe = load_recipe(recipe_ref, overrides)
     cache = Cache(cache_dir)

@@ -6,8 +6,8 @@ from typing import Annotated
 
 import typer
 
-from dflash_cli.cache import Cache, parse_age
-from dflash_cli.cache_upkeep import clean, verify
+from dflash_cli.cache.store import Cache, parse_age
+from dflash_cli.cache.upkeep import clean, verify
 from dflash_cli.cli.common import (
     CacheDirOpt,
     JsonOpt,

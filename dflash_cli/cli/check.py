@@ -17,7 +17,7 @@ from dflash_cli.cli.common import (
     handle_errors,
     print_json,
 )
-from dflash_cli.recipe import DEFAULT_RECIPE
+from dflash_cli.recipe.schema import DEFAULT_RECIPE
 
 
 def register(app: typer.Typer) -> None:
@@ -60,10 +60,10 @@ def check_command(
     a band below 95% teacher-forced argmax agreement, above 5% feature error, or on any inf/NaN. Long
     positions are only reached with a long cache: e.g. --set export.ctx_len=4096.
     """
-    from dflash_cli.cache import Cache
-    from dflash_cli.pipeline import build
+    from dflash_cli.cache.store import Cache
     from dflash_cli.readiness import readiness_report
-    from dflash_cli.recipe import load_recipe
+    from dflash_cli.recipe.schema import load_recipe
+    from dflash_cli.stages.pipeline import build
 
     r = load_recipe(recipe, [*(set_ or []), "export.weights=all"])  # the fp16 emulation runs the export's graphs
     cache = Cache(cache_dir)
@@ -100,7 +100,7 @@ def _fp32_engine_once(recipe: str, set_: list[str] | None, r, cache, result):
     @functools.cache
     def fp32_engine():
         from dflash_cli.decoding.engine import Artifacts, Engine
-        from dflash_cli.recipe import load_recipe
+        from dflash_cli.recipe.schema import load_recipe
 
         if r.compile.backend != "qaic":
             return Engine.load(r, cache)

@@ -68,7 +68,7 @@ def pick_recipe(ctx: typer.Context, recipe_arg: str | None, recipe: str) -> str:
 
 def _same_recipe_file(a: str, b: str) -> bool:
     from dflash_cli.errors import RecipeError
-    from dflash_cli.recipe_files import find_recipe
+    from dflash_cli.recipe.files import find_recipe
 
     try:
         return find_recipe(a).resolve() == find_recipe(b).resolve()

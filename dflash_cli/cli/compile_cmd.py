@@ -20,7 +20,7 @@ from dflash_cli.cli.common import (
     handle_errors,
     print_json,
 )
-from dflash_cli.recipe import DEFAULT_RECIPE
+from dflash_cli.recipe.schema import DEFAULT_RECIPE
 
 
 def register(app: typer.Typer) -> None:
@@ -60,12 +60,12 @@ def compile_command(
         stages = set(rebuild or []) | ({"compile"} if force else set())
         execute_build(recipe, overrides, cache_dir, force=False, rebuild=stages, upto="compile", as_json=json_)
         return
-    from dflash_cli.cache import Cache
+    from dflash_cli.cache.store import Cache
     from dflash_cli.families import require_qaic_support
-    from dflash_cli.pipeline import build
     from dflash_cli.qaic.bundle import emit_bundle
     from dflash_cli.qaic.command import QaicCompileOptions
-    from dflash_cli.recipe import load_recipe
+    from dflash_cli.recipe.schema import load_recipe
+    from dflash_cli.stages.pipeline import build
 
     r = load_recipe(recipe, overrides)
     require_qaic_support(r.family)

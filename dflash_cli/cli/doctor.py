@@ -50,8 +50,8 @@ def doctor_command(cache_dir: CacheDirOpt = None, json_: JsonOpt = False) -> Non
 
 
 def collect(cache_dir: Path | None) -> dict[str, Any]:
-    from dflash_cli.cache import Cache
-    from dflash_cli.versions import ort_providers, python_version, qaic_sdk_info, tool_versions
+    from dflash_cli.cache.store import Cache
+    from dflash_cli.host.versions import ort_providers, python_version, qaic_sdk_info, tool_versions
 
     cache = Cache(cache_dir)
     return {

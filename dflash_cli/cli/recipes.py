@@ -8,8 +8,8 @@ import typer
 
 from dflash_cli.cli.common import JsonOpt, SetOpt, examples, handle_errors, make_table, print_json, print_table
 from dflash_cli.errors import RecipeError
-from dflash_cli.recipe import load_recipe
-from dflash_cli.recipe_files import list_recipes
+from dflash_cli.recipe.files import list_recipes
+from dflash_cli.recipe.schema import load_recipe
 
 recipes_app = typer.Typer(help="List and inspect recipes.", no_args_is_help=True)
 

@@ -21,7 +21,7 @@ from dflash_cli.cli.common import (
     print_json,
 )
 from dflash_cli.decoding.modes import ALIASES, MODES, MODES_INFO
-from dflash_cli.recipe import DEFAULT_RECIPE
+from dflash_cli.recipe.schema import DEFAULT_RECIPE
 
 
 def register(app: typer.Typer) -> None:
@@ -92,10 +92,10 @@ def run_command(
                 param_hint="--mode / --no-draft",
             )
         decode_mode = "plain"
-    from dflash_cli.cache import Cache
+    from dflash_cli.cache.store import Cache
     from dflash_cli.cli.build import build_progress
     from dflash_cli.decoding.engine import build_engine
-    from dflash_cli.recipe import load_recipe
+    from dflash_cli.recipe.schema import load_recipe
 
     prompt = _read_prompt(prompt)
     r = load_recipe(recipe, set_ or [])
@@ -151,7 +151,7 @@ def run_command(
 
 def resolve_mode(name: str | None) -> str | None:
     """A --mode value as its mode's one name (an old name, ALIASES, is accepted); None = the recipe's drafter."""
-    from dflash_cli.recipe import did_you_mean
+    from dflash_cli.recipe.schema import did_you_mean
 
     if name is None:
         return None

@@ -16,7 +16,7 @@ from dflash_cli.cli.common import (
     handle_errors,
     pick_recipe,
 )
-from dflash_cli.recipe import DEFAULT_RECIPE
+from dflash_cli.recipe.schema import DEFAULT_RECIPE
 from dflash_cli.serve.handoff import ENGINES
 
 
@@ -74,7 +74,7 @@ def serve_command(
     ] = 30.0,
 ) -> None:
     """Serve the built pair on an OpenAI-compatible API (/v1/completions, /v1/chat/completions, /metrics)."""
-    from dflash_cli.recipe import did_you_mean, load_recipe
+    from dflash_cli.recipe.schema import did_you_mean, load_recipe
 
     recipe = pick_recipe(ctx, recipe_arg, recipe)
     if print_command is not None and print_command not in ENGINES:
@@ -90,7 +90,7 @@ def serve_command(
         typer.echo(handoff_command(r, print_command, name))
         return
 
-    from dflash_cli.cache import Cache
+    from dflash_cli.cache.store import Cache
     from dflash_cli.cli.build import build_progress
     from dflash_cli.decoding.engine import build_engine
     from dflash_cli.serve.app import create_app

@@ -8,7 +8,7 @@ import typer
 
 from dflash_cli.cli.build import execute_build
 from dflash_cli.cli.common import CacheDirOpt, ForceOpt, JsonOpt, RebuildOpt, RecipeOpt, SetOpt, examples, handle_errors
-from dflash_cli.recipe import DEFAULT_RECIPE
+from dflash_cli.recipe.schema import DEFAULT_RECIPE
 
 # (stage name, one-line help). Stages with more options of their own get a module of their own.
 STAGE_COMMANDS: tuple[tuple[str, str], ...] = (

@@ -70,7 +70,7 @@ def affordable_slots(engine: Any, slots: int) -> int:
     batch size opens one: a copy of the target's weights as ONNX Runtime packs them, about 1.25x their bytes) and
     its sequence's K/V buffers (1.2 GB at the 4B shape's 4096 positions); together they may take half of the
     memory available now."""
-    from dflash_cli.process_memory import available_bytes
+    from dflash_cli.host.memory import available_bytes
 
     if engine.target.compiled_slots:  # the card's programs hold the caches they were compiled for
         return min(slots, _full_batch(engine))

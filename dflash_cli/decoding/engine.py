@@ -26,7 +26,7 @@ from dflash_cli.decoding.target_calls import TimedSession
 from dflash_cli.decoding.tokenizer import load_tokenizer
 from dflash_cli.errors import GenerationError
 from dflash_cli.families import family_named
-from dflash_cli.vision_feeds import ImagePrompt
+from dflash_cli.vision.feeds import ImagePrompt
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class Engine:
         self._tables = None
         o = self.settings.ort
         if backend == "ort" and o.thread_pool == "shared":
-            from dflash_cli.ort_threads import use_shared_thread_pool
+            from dflash_cli.host.ort_threads import use_shared_thread_pool
 
             use_shared_thread_pool(o.intra_op_threads)  # before any session of this engine opens
         if backend == "ort":
@@ -110,7 +110,7 @@ class Engine:
         with the shared thread pool (compile.ort.thread_pool), where every session already spins on the
         same threads. Returns what plain runs on.
         """
-        from dflash_cli.ort_threads import shared_thread_pool
+        from dflash_cli.host.ort_threads import shared_thread_pool
         from dflash_cli.readiness.memory import available_bytes
 
         o = self.settings.ort
@@ -131,8 +131,8 @@ class Engine:
     def load(cls, recipe: Any, cache: Any) -> Engine:
         """Open a built recipe. The engine holds its artifacts (shared locks) for as long as it lives, so
         `dflash cache clean` leaves them alone; `release_artifacts()` lets go earlier."""
-        from dflash_cli.cache_contents import ContentCheck
-        from dflash_cli.pipeline import artifact_paths, build_command
+        from dflash_cli.cache.contents import ContentCheck
+        from dflash_cli.stages.pipeline import artifact_paths, build_command
 
         holds: list = []
         try:
@@ -279,7 +279,7 @@ class Engine:
                 raise GenerationError("the image inputs were made for another prompt", hint="this is a dflash bug")
         feeders = [s.vision for s in sessions if getattr(s, "vision", None) is not None]
         for f in feeders:
-            f.prompt = images  # the target's calls of this sequence take them (vision_feeds.py)
+            f.prompt = images  # the target's calls of this sequence take them (vision/feeds.py)
         try:
             stops = frozenset() if ignore_eos else frozenset(self.eos_token_ids)
             return self._generate(prompt_ids, mode, max_new_tokens, temperature, top_k, top_p, seed, on_commit, stops)
@@ -317,7 +317,7 @@ def _round_up(n: int, m: int) -> int:
 
 def build_engine(recipe: Any, cache: Any, progress=None) -> Engine:
     """Build every missing stage of `recipe`, then load the engine."""
-    from dflash_cli.pipeline import build
+    from dflash_cli.stages.pipeline import build
 
     # The build's holds last until the engine holds the artifacts itself: `clean` cannot slip in between.
     with build(recipe, cache, progress=progress, hold=True) if progress else build(recipe, cache, hold=True):

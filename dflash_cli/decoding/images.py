@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from dflash_cli.errors import GenerationError
-from dflash_cli.vision_feeds import ImagePrompt
+from dflash_cli.vision.feeds import ImagePrompt
 
 MAX_IMAGE_PIXELS = 64 * 1024 * 1024  # a decoded image larger than this is refused, not resized
 QWEN_MAX_ASPECT_RATIO = 200  # transformers' Qwen2-VL smart_resize (Qwen3-VL's, Qwen3.5's) raises past it
@@ -37,7 +37,7 @@ class ImageReader:
         if self._session is None:
             import onnxruntime as ort
 
-            from dflash_cli.ort_threads import apply_thread_pool
+            from dflash_cli.host.ort_threads import apply_thread_pool
 
             opts = ort.SessionOptions()
             opts.log_severity_level = 3
@@ -57,7 +57,7 @@ class ImageReader:
     def prompt(self, input_ids: list[int], pixel_values: np.ndarray, layout: np.ndarray) -> ImagePrompt:
         """`layout`: the processor's patch grids (Qwen3-VL's `image_grid_thw`) or patch positions (Gemma 4's
         `image_position_ids`)."""
-        from dflash_cli.image_inputs import gemma4_image_prompt, image_prompt
+        from dflash_cli.vision.images import gemma4_image_prompt, image_prompt
 
         make = gemma4_image_prompt if self.pooled else image_prompt
         try:

@@ -1,7 +1,7 @@
 """The recipe's settings that decoding and serving act on, read once when the engine opens.
 
 Decoding and serving read `engine.settings` (a frozen DecodeSettings), never `engine.recipe`: a setting
-such as `run.verify` goes from where the recipe parses it (recipe.py) to here, and from here to the one
+such as `run.verify` goes from where the recipe parses it (recipe/schema.py) to here, and from here to the one
 place that acts on it. `engine.recipe` stays for reporting (bench reads it).
 """
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dflash_cli.checkpoints import SOURCE_CONFIG_FILE
+from dflash_cli.checkpoints.locate import SOURCE_CONFIG_FILE
 
 
 def load_tokenizer(target_dir: Path) -> Any:

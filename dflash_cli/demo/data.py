@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dflash_cli.demo.corpus import read_text, split_sources
+from dflash_cli.corpora.stdlib import read_text, split_sources
 
 
 def corpus_texts(split: str, max_files: int = 0) -> list[str]:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from dflash_cli.hashing import HashingWriter
+    from dflash_cli.cache.hashing import HashingWriter
 
 ALIGNMENT = 65536  # large tensors start on a 64 KiB boundary, so runtimes can memory-map them
 ALIGN_ABOVE = 1 << 20
@@ -54,7 +54,7 @@ class DataFile:
     (hashing.HashingWriter); large tensors start on an ALIGNMENT boundary."""
 
     def __init__(self, out_dir: Path, name: str, digest: bool = True) -> None:
-        from dflash_cli.hashing import HashingWriter
+        from dflash_cli.cache.hashing import HashingWriter
 
         self.name, self.offset = name, 0
         self._file: HashingWriter = HashingWriter(out_dir / name, digest=digest)

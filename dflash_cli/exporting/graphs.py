@@ -19,13 +19,13 @@ from typing import Any
 
 import torch
 
+from dflash_cli.checkpoints.weights import WeightStore
 from dflash_cli.exporting import weight_sources
 from dflash_cli.exporting.external_data import Initializer, WrittenTensors
 from dflash_cli.exporting.options import ExportOptions, PairShape
 from dflash_cli.exporting.replicate import LayerPlan, ReplicationError, grow_layers
 from dflash_cli.exporting.torch_to_onnx import PENDING_ROWS_INPUTS, save_streamed, trace_template
 from dflash_cli.exporting.write_progress import Throttled
-from dflash_cli.weights import WeightStore
 
 
 def export_pair(

@@ -81,7 +81,7 @@ class ReducedPlan:
         validation checks one graph at a time."""
         import re
 
-        from dflash_cli.weights import WeightStore
+        from dflash_cli.checkpoints.weights import WeightStore
 
         largest = 0
         for role, prefix, depth in (("target", "model.layers.", self.layers), ("draft", "layers.", self.draft_layers)):

@@ -59,7 +59,7 @@ def _diff(name: str, got: np.ndarray, ref: np.ndarray, dtype: str = "fp32") -> t
 def _session(onnx_path: Path):
     import onnxruntime as ort
 
-    from dflash_cli.ort_threads import apply_thread_pool
+    from dflash_cli.host.ort_threads import apply_thread_pool
 
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
@@ -183,6 +183,7 @@ def graph_checks(
 ) -> list[Check]:
     """Every check of the graph `gname` ("target" or "draft") at `onnx_path`; the reduced model's graph
     when `plan` is given."""
+    from dflash_cli.checkpoints.weights import WeightStore
     from dflash_cli.exporting import validation_calls as calls
     from dflash_cli.modeling.layers import Rotary
     from dflash_cli.modeling.loading import (
@@ -194,7 +195,6 @@ def graph_checks(
         fill_weights,
         target_config,
     )
-    from dflash_cli.weights import WeightStore
 
     tcfg, dcfg = plan.configs(src) if plan is not None else (target_config(src), draft_config(src))
     ids, rows = (plan.ids, plan.rows) if plan is not None else (None, None)
@@ -244,7 +244,7 @@ def hf_text_lm(target_dir: Path):
     """Hugging Face's causal LM of an artifact's target (its text path), weights loaded, float32, eval."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from dflash_cli.weights import WeightStore
+    from dflash_cli.checkpoints.weights import WeightStore
 
     cfg = AutoConfig.from_pretrained(str(target_dir))
     checkpoint_dtype = getattr(cfg, "dtype", None)
@@ -356,8 +356,8 @@ def _hf_module(module_cls_or_config, store, rename, cfg=None):
 def _qwen3_vl_tower_references(src: Path, full_cfg):
     import numpy as np
 
-    from dflash_cli.image_inputs import tower_inputs
-    from dflash_cli.weights import WeightStore
+    from dflash_cli.checkpoints.weights import WeightStore
+    from dflash_cli.vision.images import tower_inputs
 
     cfg = full_cfg.vision_config
     hf = _hf_module(cfg, WeightStore.open(src / "target"), lambda n: "visual." + n)
@@ -379,8 +379,8 @@ def _gemma4_tower_references(src: Path, full_cfg):
     import numpy as np
     from transformers.models.gemma4.modeling_gemma4 import Gemma4MultimodalEmbedder
 
+    from dflash_cli.checkpoints.weights import WeightStore
     from dflash_cli.modeling.vision_gemma4 import tower_inputs
-    from dflash_cli.weights import WeightStore
 
     vcfg = full_cfg.vision_config
     store = WeightStore.open(src / "target")

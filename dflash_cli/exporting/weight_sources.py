@@ -88,8 +88,8 @@ class SourceReader:
         """A stacked weight's slabs (experts) one at a time as the export wrote them, or None."""
         import torch
 
+        from dflash_cli.checkpoints.weights import WeightStore
         from dflash_cli.errors import DFlashError
-        from dflash_cli.weights import WeightStore
 
         o = self._unchanged(tensor.name)
         if o is None or "stack" not in o:
@@ -138,7 +138,7 @@ class SourceReader:
 
 @lru_cache(maxsize=64)
 def _header(path: str, size: int, mtime_ns: int) -> tuple[int, dict]:
-    from dflash_cli.checkpoints import read_safetensors_header
+    from dflash_cli.checkpoints.locate import read_safetensors_header
 
     raw = read_safetensors_header(Path(path))
     return 8 + len(raw), json.loads(raw)

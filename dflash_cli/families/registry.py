@@ -8,7 +8,7 @@ from dflash_cli.errors import CheckpointError, DFlashError
 from dflash_cli.families import gemma4, gpt_oss, llama, qwen3, qwen3_5, qwen3_5_moe, qwen3_moe, qwen3_vl
 from dflash_cli.families.family import Family
 
-# In this order a recipe's `family` error lists them (recipe.py).
+# In this order a recipe's `family` error lists them (recipe/schema.py).
 FAMILIES: dict[str, Family] = {
     m.FAMILY.model_type: m.FAMILY for m in (qwen3, llama, gemma4, qwen3_vl, qwen3_5, qwen3_moe, qwen3_5_moe, gpt_oss)
 }

@@ -19,7 +19,7 @@ _FIELDS = {
     "output_multiplier",
     "final_logit_softcapping",
 }
-# dflash_config fields every draft may carry: pair.py reads them (mask_token names mask_token_id's token)
+# dflash_config fields every draft may carry: pairing/pair.py reads them (mask_token names mask_token_id's token)
 _DFLASH_FIELDS = {"mask_token_id", "target_layer_ids", "block_size", "num_target_layers", "mask_token"}
 # Fields that change what a draft computes only away from these values (the upstream defaults), in dflash_config
 # or, for a speculators draft, at its top level; at any other value they are refused, as is every dflash_config
@@ -151,7 +151,7 @@ def refuse_unread(cfg: dict[str, Any], where: str) -> None:
             f"{_kind(cfg)} draft config has {', '.join(changed)}, which dflash does not compute: {where}",
             hint=_hint(changed[0]),
         )
-    # pair.py reads these from dflash_config or the top level: where both say them, they must agree
+    # pairing/pair.py reads these from dflash_config or the top level: where both say them, they must agree
     for key in ("block_size", "num_target_layers", "target_layer_ids", "mask_token_id"):
         if None not in (cfg.get(key), dfc.get(key)) and cfg[key] != dfc[key]:
             raise CheckpointError(

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
+from dflash_cli.checkpoints.weights import WeightStore
 from dflash_cli.errors import CheckpointError
-from dflash_cli.weights import WeightStore
 
 DRAFT_PREFIX = "draft."  # StaticCacheDraft holds the DFlashDraft as `draft`
 
@@ -29,7 +29,7 @@ def _hf_config(config_path: Path, **overrides):
 
 def vision_config(artifact_dir: Path) -> dict:
     """A vision-language target's tower config and image token ids (text_path.vision_config), as convert kept them."""
-    from dflash_cli.text_path import VISION_CONFIG_FILE
+    from dflash_cli.checkpoints.text_path import VISION_CONFIG_FILE
 
     path = artifact_dir / "target" / VISION_CONFIG_FILE
     if not path.is_file():
@@ -81,15 +81,15 @@ def build_target(
     ids = layer_ids if layer_ids is not None else load_pair_info(artifact_dir)["target_layer_ids"]
     with torch.device(device):
         if family_for(cfg.model_type).per_layer_geometry:
+            from dflash_cli.checkpoints.text_path import VISION_CONFIG_FILE
             from dflash_cli.modeling.gemma4_target import Gemma4Target
-            from dflash_cli.text_path import VISION_CONFIG_FILE
 
             kept = vision_config(artifact_dir) if (artifact_dir / "target" / VISION_CONFIG_FILE).is_file() else {}
             placeholders = tuple(kept[k] for k in ("image_token_id", "video_token_id") if kept.get(k) is not None)
             model = Gemma4Target(cfg, ids, emit_logits=emit_logits, placeholders=placeholders).eval()
         elif family_for(cfg.model_type).hybrid:
+            from dflash_cli.checkpoints.text_path import VISION_CONFIG_FILE
             from dflash_cli.modeling.hybrid_target import HybridCacheTarget
-            from dflash_cli.text_path import VISION_CONFIG_FILE
 
             calls = {} if shape is None else {"longest_call": shape.longest_call, "keep_rows": shape.block}
             vision = (artifact_dir / "target" / VISION_CONFIG_FILE).is_file()  # Qwen3.5 taking images

@@ -10,7 +10,7 @@ block gives each position what a one-token call gives it (checked at build time,
 Weights: `gate_up_proj` [experts, 2*inter, hidden] with gate and up rows interleaved (the layout ONNX
 Runtime's CPU kernel takes), `down_proj` [experts, hidden, inter]. Checkpoints store them otherwise (one
 tensor per expert and projection; gpt-oss transposed, or MXFP4); convert indexes a stacked view of them
-(weights.py, `Stack`), so nothing is copied."""
+(checkpoints/weights.py, `Stack`), so nothing is copied."""
 
 from __future__ import annotations
 
@@ -308,8 +308,8 @@ def sparse_layers(cfg) -> list[int]:
 def checkpoint_stacks(cfg: dict, store) -> dict:
     """weights.Stack per stacked expert tensor of a MoE checkpoint: Qwen's per-expert keys, as published, or
     gpt-oss's fused tensors in Hugging Face's transposed layout."""
+    from dflash_cli.checkpoints.weights import Stack
     from dflash_cli.errors import CheckpointError
-    from dflash_cli.weights import Stack
 
     if traits_of(cfg.get("model_type")).fused_experts:
         return _gpt_oss_stacks(cfg, store)
@@ -336,8 +336,8 @@ def checkpoint_stacks(cfg: dict, store) -> dict:
 
 
 def _gpt_oss_stacks(cfg: dict, store) -> dict:
+    from dflash_cli.checkpoints.weights import Stack
     from dflash_cli.errors import CheckpointError
-    from dflash_cli.weights import Stack
 
     out = {}
     for layer in range(int(cfg["num_hidden_layers"])):

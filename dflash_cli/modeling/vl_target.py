@@ -1,7 +1,7 @@
 """A vision-language target's language model (Qwen3-VL): the Qwen3 target plus what images bring in.
 
 Three things differ from a text target, each an input of every call (a text-only call feeds the
-neutral values, vision_feeds.py):
+neutral values, vision/feeds.py):
 * `rope_position_ids` [b, s, 3]: M-RoPE's (t, h, w) positions. `position_ids` stays the cache slot
   (what a query sees); the rotation follows these, which equal the slot plus an offset for text and
   walk the image grid for image tokens. On text all three are equal, and M-RoPE is RoPE.

@@ -87,7 +87,7 @@ def quantize_graph(
     """
     import onnx
 
-    from dflash_cli.hashing import HashingWriter
+    from dflash_cli.cache.hashing import HashingWriter
 
     model = onnx.load(str(src_onnx), load_external_data=False)
     graph = model.graph

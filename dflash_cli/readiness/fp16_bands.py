@@ -251,7 +251,7 @@ def fp16_bands(
 def corpus_tokens(encode: Callable[[str], list[int]], count: int) -> list[int]:
     """At least `count` tokens of real text: held-out standard-library sources (the demo never trains
     on them), concatenated in a fixed order; fewer only if the whole held-out set is shorter."""
-    from dflash_cli.demo.corpus import split_sources
+    from dflash_cli.corpora.stdlib import split_sources
 
     tokens: list[int] = []
     for path in split_sources().heldout:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dflash_cli.process_memory import available_bytes
+from dflash_cli.host.memory import available_bytes
 
 HEADROOM = 0.9  # of MemAvailable: sessions also allocate arenas and activations
 

@@ -57,7 +57,7 @@ def _where(path_or_repo: str) -> str:
 def _block_size(recipe: Any) -> int:
     if recipe.dflash.block_size is not None:
         return int(recipe.dflash.block_size)
-    from dflash_cli.checkpoints import load_config, resolve_checkpoint_dir
+    from dflash_cli.checkpoints.locate import load_config, resolve_checkpoint_dir
 
     draft_dir = resolve_checkpoint_dir(recipe.draft.path, "draft")
     block = load_config(draft_dir).get("block_size")

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 @dataclass(frozen=True)
 class StageContext:
-    recipe: Any  # dflash_cli.recipe.Recipe
+    recipe: Any  # dflash_cli.recipe.schema.Recipe
     out_dir: Path  # empty temporary directory; write every output here
     inputs: Mapping[str, Path]  # upstream stage name -> its published artifact directory
     progress: Callable[[str], None]  # short human progress messages ("loading target weights")

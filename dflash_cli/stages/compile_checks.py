@@ -38,8 +38,8 @@ def check_graphs(ctx: StageContext, src: Path, out: Path, info: dict, unfused: d
 
 def _check_all(ctx, src: Path, out: Path, info: dict, unfused: dict, facts: dict, static: list, budget: int) -> None:
     from dflash_cli.backends.ort import OrtSession, OrtSettings
+    from dflash_cli.host.memory import release_memory
     from dflash_cli.ortcompile.checks import causal_invariance, matches_reference, reference_outputs, smoke
-    from dflash_cli.process_memory import release_memory
 
     ort_cfg = ctx.recipe.compile.ort
     quantized, rows = ort_cfg.precision != "fp32", ort_cfg.precision == "w8a8"
@@ -153,8 +153,8 @@ def _check_batches(path, sess, info: dict, vocab_size: int, settings, facts: dic
         return
     from dflash_cli.backends.batch_invariance import batch_invariance
     from dflash_cli.backends.ort_batched import PACKED_WEIGHTS
+    from dflash_cli.host.memory import available_bytes
     from dflash_cli.ortcompile.checks import graph_weight_bytes
-    from dflash_cli.process_memory import available_bytes
 
     # One more session, for calls of several sequences: its own packed copy of the weights, beside the one open.
     extra, free = graph_weight_bytes(path), available_bytes()

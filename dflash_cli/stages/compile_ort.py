@@ -39,7 +39,7 @@ def compile_ort(ctx: StageContext) -> dict[str, Any]:
 def _link_export(src: Path, out: Path, info: dict, precision: str) -> None:
     """fp32 uses the export's graphs and data as they are; int8/int4/w8a8 keep their unquantised weights
     (embedding, norms) in the export's data files and write graphs of their own."""
-    from dflash_cli.weights import link_or_copy
+    from dflash_cli.checkpoints.weights import link_or_copy
 
     for path in sorted(src.iterdir()):
         if path.suffix in (".onnx", ".data") and not (precision != "fp32" and path.suffix == ".onnx"):

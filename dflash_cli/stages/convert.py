@@ -22,14 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dflash_cli import checkpoints as ckpt
+from dflash_cli.checkpoints import locate as ckpt
+from dflash_cli.checkpoints.text_path import VISION_CONFIG_FILE, text_config, text_weights, vision_config
+from dflash_cli.checkpoints.weights import WeightStore, link_or_copy, write_index
 from dflash_cli.errors import CheckpointError
 from dflash_cli.modeling.dflash2_config import refuse_unread
-from dflash_cli.pair import PAIR_FILE, PairInfo, draft_weight_shapes, resolve_pair
-from dflash_cli.speculators_format import IGNORED_TENSORS, as_zlab, is_speculators
+from dflash_cli.pairing.pair import PAIR_FILE, PairInfo, draft_weight_shapes, resolve_pair
+from dflash_cli.pairing.speculators import IGNORED_TENSORS, as_zlab, is_speculators
 from dflash_cli.stages.base import StageContext
-from dflash_cli.text_path import VISION_CONFIG_FILE, text_config, text_weights, vision_config
-from dflash_cli.weights import WeightStore, link_or_copy, write_index
 
 EMBED_KEY = "model.embed_tokens.weight"
 LM_HEAD_KEY = "lm_head.weight"

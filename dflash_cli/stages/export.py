@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash_cli.errors import ExportValidationError, RecipeError
-from dflash_cli.recipe import export_shape_problems
+from dflash_cli.recipe.schema import export_shape_problems
 from dflash_cli.stages.base import StageContext
 
 FULL_VALIDATION_BYTES = 1 << 30  # float32 bytes of both graphs up to which the real graphs are validated
@@ -220,7 +220,7 @@ def moe_ops(recipe: Any) -> str:
 
 def _checkpoint_bytes(target_dir: Path) -> int:
     """Bytes of the target's weight files as the user supplied them (the build's memory yardstick)."""
-    from dflash_cli.weights import WeightStore
+    from dflash_cli.checkpoints.weights import WeightStore
 
     return sum(
         (target_dir / f).stat().st_size for f in WeightStore.open(target_dir).files() if f != "dflash.safetensors"
@@ -232,7 +232,7 @@ VALIDATION_COPIES, VALIDATION_ROOM = 2, 1 << 30
 
 
 def _validation_does_not_fit(fp32_bytes: int) -> str | None:
-    from dflash_cli.process_memory import available_bytes
+    from dflash_cli.host.memory import available_bytes
 
     need, free = VALIDATION_COPIES * fp32_bytes + VALIDATION_ROOM, available_bytes()
     if free is None or need <= 0.9 * free:  # sessions also allocate arenas and activations
@@ -242,7 +242,7 @@ def _validation_does_not_fit(fp32_bytes: int) -> str | None:
 
 def _fp32_bytes(src: Path) -> int:
     """float32 bytes of the distinct tensors of both graphs (the draft's embedding/lm_head are the target's)."""
-    from dflash_cli.weights import WeightStore
+    from dflash_cli.checkpoints.weights import WeightStore
 
     seen, total = set(), 0
     for role in ("target", "draft"):

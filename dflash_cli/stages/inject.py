@@ -20,12 +20,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dflash_cli import checkpoints as ckpt
+from dflash_cli.checkpoints import locate as ckpt
+from dflash_cli.checkpoints.weights import WEIGHTS_INDEX, WeightStore, link_or_copy, write_index
 from dflash_cli.errors import CheckpointError
-from dflash_cli.pair import PAIR_FILE, PairInfo
+from dflash_cli.pairing.pair import PAIR_FILE, PairInfo
 from dflash_cli.stages.base import StageContext
 from dflash_cli.stages.convert import DRAFT_DIR, EMBED_KEY, LM_HEAD_KEY, TARGET_DIR
-from dflash_cli.weights import WEIGHTS_INDEX, WeightStore, link_or_copy, write_index
 
 if TYPE_CHECKING:
     import torch

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from dflash_cli.errors import RecipeError
 from dflash_cli.families import FAMILIES, FAMILY_NAMES
-from dflash_cli.recipe_files import DEFAULT_RECIPE, did_you_mean, find_recipe
+from dflash_cli.recipe.files import DEFAULT_RECIPE, did_you_mean, find_recipe
 
 MIN_BLOCK = 2  # one last-committed token plus at least one mask
 

@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from dflash_cli.cache import Cache, CorruptArtifactError, compute_key, known_digests
-from dflash_cli.cache_locks import ArtifactHold
+from dflash_cli.cache.locks import ArtifactHold
+from dflash_cli.cache.store import Cache, CorruptArtifactError, compute_key, known_digests
 from dflash_cli.errors import CacheError, DFlashError, InputVanishedError
-from dflash_cli.process_memory import peak_rss_bytes, release_memory
+from dflash_cli.host.memory import peak_rss_bytes, release_memory
+from dflash_cli.host.versions import key_versions, tool_versions
 from dflash_cli.stages.base import Stage, StageContext
-from dflash_cli.versions import key_versions, tool_versions
 
 # Build order. A stage module `dflash_cli.stages.<name>` exposes a module-level `STAGE`; names
 # whose module does not exist yet are skipped so the pipeline works while stages are being added.

@@ -6,7 +6,7 @@ Only a directory whose manifest parses, names the same stage and key, and whose 
 exist with their recorded sizes counts as a hit. A per-key file lock lets concurrent builds of
 the same artifact wait for one another instead of racing.
 Whoever reads a published artifact (a build reading an upstream stage, an engine serving compiled
-graphs) holds it (`hold`, cache_locks.py); `clean` (cache_upkeep.py) skips what is held.
+graphs) holds it (`hold`, cache/locks.py); `clean` (cache/upkeep.py) skips what is held.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from dflash_cli.cache_locks import ArtifactHold, hold_shared
+from dflash_cli.cache.hashing import sha256_file, take_fresh_digest
+from dflash_cli.cache.locks import ArtifactHold, hold_shared
 from dflash_cli.errors import CacheError
-from dflash_cli.hashing import sha256_file, take_fresh_digest
 
 
 class CorruptArtifactError(CacheError):

@@ -16,8 +16,8 @@ import json
 import threading
 from pathlib import Path
 
-from dflash_cli.cache import MANIFEST, CorruptArtifactError
-from dflash_cli.hashing import sha256_file
+from dflash_cli.cache.hashing import sha256_file
+from dflash_cli.cache.store import MANIFEST, CorruptArtifactError
 
 # What an engine reads of each artifact it holds: the whole compiled program, and of the upstream ones the
 # descriptions, the tokenizer and (QAIC) the vision tower; their weights were compiled into the program.

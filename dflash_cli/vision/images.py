@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from dflash_cli.vision_feeds import ImagePrompt
+from dflash_cli.vision.feeds import ImagePrompt
 
 
 def tower_inputs(pixel_values: np.ndarray, grid_thw, vcfg) -> dict[str, np.ndarray]:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dflash_cli import checkpoints as ckpt
+from dflash_cli.checkpoints import locate as ckpt
 from dflash_cli.errors import CheckpointError
 
 if TYPE_CHECKING:

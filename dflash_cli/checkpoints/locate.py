@@ -1,4 +1,4 @@
-"""Locate, check and fingerprint Hugging Face checkpoints (tensors themselves are read by weights.py).
+"""Locate, check and fingerprint Hugging Face checkpoints (tensors themselves are read by checkpoints/weights.py).
 
 Locating is offline only: a local directory, else a repo id already in the local Hugging Face
 cache. Nothing global (env vars, hub settings) is changed to get there.

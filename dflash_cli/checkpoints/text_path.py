@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dflash_cli.weights import WeightStore
+from dflash_cli.checkpoints.weights import WeightStore
 
 LANGUAGE_PREFIX = "model.language_model."
 # The vision path's tensors (Qwen3-VL's tower; Gemma 4's tower and embedder), indexed without `model.`

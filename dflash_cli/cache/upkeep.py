@@ -11,9 +11,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dflash_cli.cache import Cache, Entry
-from dflash_cli.cache_locks import claim, forget
-from dflash_cli.hashing import sha256_file
+from dflash_cli.cache.hashing import sha256_file
+from dflash_cli.cache.locks import claim, forget
+from dflash_cli.cache.store import Cache, Entry
 
 
 @dataclass

@@ -1,0 +1,1 @@
+"""Hugging Face checkpoints on disk: locating and fingerprinting them, lazy tensor access, text paths."""

@@ -1,0 +1,1 @@
+"""Real text corpora present on every machine (the standard library's sources)."""

@@ -1,0 +1,1 @@
+"""A target and its DFlash draft as one pair: resolving, validating, reading speculators drafts."""

@@ -1,0 +1,1 @@
+"""Recipes: the schema with its defaults and validation, and finding recipe files."""
