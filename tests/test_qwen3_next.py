@@ -182,3 +182,25 @@ def test_a_missing_fused_projection_is_refused(pair: TinyPair, tmp_path: Path) -
     with pytest.raises(CheckpointError) as exc:
         _convert(copy, tmp_path / "out")
     assert "target layer 2 has no in_proj_ba of 8 rows" in str(exc.value)
+
+
+@pytest.mark.slow
+def test_reduced_validation_checks_the_views_against_hf(tmp_path: Path, monkeypatch) -> None:
+    """The published model validates a reduced one (first layers, experts, vocabulary rows): the views are read,
+    and fused back for Hugging Face's model, at the reduced depth too."""
+    from dflash_cli.cache import Cache
+    from dflash_cli.exporting import reduced
+    from dflash_cli.pipeline import artifact_paths, build
+    from dflash_cli.recipe import load_recipe
+    from dflash_cli.stages import export
+
+    monkeypatch.setattr(export, "FULL_VALIDATION_BYTES", 0)
+    monkeypatch.setattr(reduced, "VOCAB", 300)
+    monkeypatch.setattr(reduced, "EXPERTS", 4)  # of 8; a token chooses 2
+    pair = make_pair(tmp_path / "pair", "qwen3_next")
+    recipe = load_recipe(str(pair.write_recipe(tmp_path / "recipe.yaml")))
+    cache = Cache(tmp_path / "cache")
+    build(recipe, cache, upto="export")
+    doc = json.loads((artifact_paths(recipe, cache, ["export"])["export"] / "validation.json").read_text())
+    assert "at most 4 experts a layer" in doc["mode"]
+    assert all(c["ok"] for c in doc["checks"]) and any(c["call"] == "vs-huggingface" for c in doc["checks"])
