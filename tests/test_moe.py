@@ -1,9 +1,9 @@
 """Mixture-of-experts targets end to end, built by the real pipeline, against Hugging Face's own `generate`, in
 every mode, on the prefix-cache graphs ONNX Runtime runs and on the static graphs: tiny random Qwen3-MoE pairs
 (every layer sparse, and every other layer dense), a Qwen3.5-MoE pair (hybrid linear attention, routed plus
-shared experts) and gpt-oss pairs (attention sinks, an 8-token window on every other layer, biased experts;
-as transformers saves it, and as published, MXFP4). The experts of a call are computed per token whatever
-shares the call."""
+shared experts), a Qwen3-Next pair (the same, its linear-attention projections fused per key head) and gpt-oss
+pairs (attention sinks, an 8-token window on every other layer, biased experts; as transformers saves it, and as
+published, MXFP4). The experts of a call are computed per token whatever shares the call."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ NEW_TOKENS = 20
 MODES = ("plain", "dflash", "lookup", "hybrid")
 
 
-@pytest.fixture(scope="module", params=["qwen3_moe", "qwen3_moe_mixed", "qwen3_5_moe", "gpt_oss"])
+@pytest.fixture(scope="module", params=["qwen3_moe", "qwen3_moe_mixed", "qwen3_5_moe", "qwen3_next", "gpt_oss"])
 def built(request, tmp_path_factory):
     """(engines, Hugging Face model, build root): the engine as built (prefix-cache graphs) and one on the
     static graphs."""
@@ -32,7 +32,8 @@ def built(request, tmp_path_factory):
 @pytest.mark.slow
 def test_every_mode_equals_hf_generate(built) -> None:
     engines, hf, _ = built
-    assert type(hf).__name__ in ("Qwen3MoeForCausalLM", "Qwen3_5MoeForCausalLM", "GptOssForCausalLM")
+    names = ("Qwen3MoeForCausalLM", "Qwen3_5MoeForCausalLM", "Qwen3NextForCausalLM", "GptOssForCausalLM")
+    assert type(hf).__name__ in names
     forms = dict(zip(("prefix", "static"), engines))
     assert_every_mode_equals_hf(forms, hf, mixed_prompts(hf.config.vocab_size), NEW_TOKENS, MODES)
 
@@ -51,7 +52,9 @@ def test_build_checked_experts_per_token(built) -> None:
 
     (engine, _), hf, root = built
     facts = json.loads(next((root / "cache" / "artifacts" / "compile").glob("*/compile.json")).read_text())
-    hybrid = hf.config.model_type.startswith("qwen3_5")  # its delta rule rounds by call length (README): tokens only
+    from dflash_cli.families import family_for
+
+    hybrid = family_for(hf.config.model_type).hybrid  # its delta rule rounds by call length (README): tokens only
     moved = facts["prefix_call_length_max_diff"]
     assert moved["tokens"] == 0.0 and (hybrid or set(moved.values()) == {0.0})
     assert facts["prefix_causal_invariance_max_diff"]["tokens"] == 0.0

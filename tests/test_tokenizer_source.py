@@ -19,7 +19,10 @@ CHATML = (  # for the checkpoints written without a template: each family is rea
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 CODE = "".join(f"def f{i}(x):\n    return x + {i}  # comment {i}\n" for i in range(30))
-FAMILIES = ("qwen3", "llama", "qwen3_5", "qwen3_5_text", "qwen3_vl", "gemma4", "qwen3_moe", "qwen3_5_moe", "gpt_oss")
+FAMILIES = (
+    *("qwen3", "llama", "qwen3_5", "qwen3_5_text", "qwen3_vl", "gemma4", "qwen3_moe", "qwen3_5_moe", "qwen3_next"),
+    "gpt_oss",
+)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -59,12 +59,16 @@ class Stack:
     * "transpose": one stored [slabs, cols, rows] tensor, each slab transposed;
     * "mxfp4": parts (blocks, scales), OCP MXFP4 as gpt-oss stores it: blocks [slabs, rows, groups, 16] bytes
       of two 4-bit E2M1 values (low nibble first), scales [slabs, rows, groups] E8M0 exponents (bias 127),
-      read as [slabs, rows, groups * 32].
+      read as [slabs, rows, groups * 32];
+    * "regroup": one stored [rows, cols] tensor whose rows form `interleave` equal groups (one per head): for each
+      of `spans` (start, stop) in turn, those rows of every group in order, read as a 2-D tensor. A projection
+      fused per head (Qwen3-Next's q, k, v, z of each key head) is then read as separate ones, nothing copied.
     A stack may carry a stored tensor's own name: the stack is then what the name reads."""
 
     parts: tuple[str, ...]
     interleave: int = 1
     kind: str = "rows"
+    spans: tuple[tuple[int, int], ...] = ()  # "regroup" only
 
 
 # E2M1 (MXFP4's element type): the value of each 4-bit code, the sign in the top bit
@@ -100,7 +104,12 @@ class WeightStore:
                     )
                 refs[name] = TensorRef(e["file"], e["key"], meta["dtype"], tuple(meta["shape"]))
             stacks = {
-                n: Stack(tuple(v["parts"]), int(v["interleave"]), str(v.get("kind", "rows")))
+                n: Stack(
+                    tuple(v["parts"]),
+                    int(v["interleave"]),
+                    str(v.get("kind", "rows")),
+                    tuple((int(a), int(b)) for a, b in v.get("spans", ())),
+                )
                 for n, v in data.get("stacks", {}).items()
             }
             missing = sorted(p for st in stacks.values() for p in st.parts if p not in refs)
@@ -132,6 +141,8 @@ class WeightStore:
         if st.kind == "mxfp4":
             slabs, rows, groups, width = self.refs[st.parts[0]].shape
             return (slabs, rows, groups * width * 2)
+        if st.kind == "regroup":
+            return (st.interleave * sum(b - a for a, b in st.spans), self.refs[st.parts[0]].shape[1])
         rows, *rest = self.refs[st.parts[0]].shape
         return (len(st.parts) // st.interleave, rows * st.interleave, *rest)
 
@@ -170,6 +181,9 @@ class WeightStore:
         """
         from safetensors import SafetensorError
 
+        if name in self.stacks and self.stacks[name].kind == "regroup":
+            yield from self._regrouped(self.stacks[name], dtype, rows)
+            return
         if name in self.stacks:  # one slab (expert) at a time
             st = self.stacks[name]
             slabs = self.shape(name)[0]
@@ -188,6 +202,26 @@ class WeightStore:
             sl = self._handle(ref.file).get_slice(ref.key)
             for start in range(0, total, step):
                 yield sl[start : min(total, start + step)].to(dtype)
+        except SafetensorError as exc:
+            raise CheckpointError(f"corrupt safetensors file {self.root / ref.file}: {exc}", hint=_HINT) from None
+
+    def _regrouped(self, st: Stack, dtype, rows: int | None) -> Iterator[torch.Tensor]:
+        """A "regroup" stack's rows (its first `rows` when given), one span of one group at a time."""
+        from safetensors import SafetensorError
+
+        ref = self.refs[st.parts[0]]
+        width = ref.shape[0] // st.interleave
+        left = st.interleave * sum(b - a for a, b in st.spans) if rows is None else rows
+        try:
+            sl = self._handle(ref.file).get_slice(ref.key)
+            for start, stop in st.spans:
+                for g in range(st.interleave):
+                    n = min(stop - start, left)
+                    if n <= 0:
+                        return
+                    block = sl[g * width + start : g * width + start + n]
+                    yield block if dtype is None else block.to(dtype)
+                    left -= n
         except SafetensorError as exc:
             raise CheckpointError(f"corrupt safetensors file {self.root / ref.file}: {exc}", hint=_HINT) from None
 
@@ -242,7 +276,9 @@ def write_index(root: Path, entries: dict[str, tuple[str, str]], stacks: dict[st
     }
     if stacks:
         data["stacks"] = {
-            n: {"parts": list(s.parts), "interleave": s.interleave, "kind": s.kind} for n, s in sorted(stacks.items())
+            n: {"parts": list(s.parts), "interleave": s.interleave, "kind": s.kind}
+            | ({"spans": [list(span) for span in s.spans]} if s.spans else {})
+            for n, s in sorted(stacks.items())
         }
     (Path(root) / WEIGHTS_INDEX).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
 

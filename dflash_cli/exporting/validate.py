@@ -304,7 +304,7 @@ def _hf_model(cfg, target):
     from dflash_cli.modeling.moe import to_hf_state
 
     state = {k: v for k, v in target.state_dict().items() if not k.startswith(("dflash.", "rotary."))}
-    state = to_hf_state(state, cfg.model_type)
+    state = to_hf_state(state, cfg)
     missing, unexpected = hf.load_state_dict(state, strict=False, assign=True)
     if getattr(cfg, "tie_word_embeddings", False):
         hf.lm_head.weight = hf.model.embed_tokens.weight

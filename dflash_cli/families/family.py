@@ -6,7 +6,9 @@ A trait is named for what it means (`moe`, `thinking_switch`), not for the famil
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,13 @@ class Family:
     # blocks), gate and up interleaved; a biased router, a clamped gated activation (modeling/moe.GptOssMoe).
     # Without it: one tensor per expert and projection, sparse layers by Hugging Face's rule (Qwen's MoE).
     fused_experts: bool = False
+    # Tensors the modules read in another layout than the checkpoint stores (Qwen3-Next's Gated DeltaNet
+    # projections, fused per key head, read as Qwen3.5's four): convert calls it with the target's config.json and
+    # weights (a WeightStore) for weights.Stack views by name, so no byte is copied...
+    checkpoint_views: Callable[[dict[str, Any], Any], dict[str, Any]] | None = None
+    # ... and the export's check against Hugging Face's own model (modeling/moe.to_hf_state) calls this with the
+    # module's tensors (a state dict) and the Hugging Face config: the same tensors in the checkpoint's layout
+    hf_state: Callable[[dict[str, Any], Any], dict[str, Any]] | None = None
 
     # --- ONNX Runtime compile --------------------------------------------------------------------------
     # Activations may be quantised to int8: compile.ort.accuracy_level defaults to 4 and precision w8a8 is

@@ -5,12 +5,23 @@ from __future__ import annotations
 from typing import Any
 
 from dflash_cli.errors import CheckpointError, DFlashError
-from dflash_cli.families import gemma4, gpt_oss, llama, qwen3, qwen3_5, qwen3_5_moe, qwen3_moe, qwen3_vl
+from dflash_cli.families import (
+    gemma4,
+    gpt_oss,
+    llama,
+    qwen3,
+    qwen3_5,
+    qwen3_5_moe,
+    qwen3_moe,
+    qwen3_next,
+    qwen3_vl,
+)
 from dflash_cli.families.family import Family
 
 # In this order a recipe's `family` error lists them (recipe/schema.py).
 FAMILIES: dict[str, Family] = {
-    m.FAMILY.model_type: m.FAMILY for m in (qwen3, llama, gemma4, qwen3_vl, qwen3_5, qwen3_moe, qwen3_5_moe, gpt_oss)
+    m.FAMILY.model_type: m.FAMILY
+    for m in (qwen3, llama, gemma4, qwen3_vl, qwen3_5, qwen3_moe, qwen3_5_moe, qwen3_next, gpt_oss)
 }
 FAMILY_NAMES = tuple(FAMILIES)
 

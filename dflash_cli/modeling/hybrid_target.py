@@ -31,7 +31,7 @@ from dflash_cli.modeling.layers import (
     rms_normalize,
     write_cache,
 )
-from dflash_cli.modeling.moe import SparseMoe
+from dflash_cli.modeling.moe import SparseMoe, sparse_layers
 from dflash_cli.modeling.target import _Fusion
 
 LINEAR = "linear_attention"
@@ -123,7 +123,7 @@ class GatedAttention(nn.Module):
 
 
 class HybridLayer(nn.Module):
-    def __init__(self, cfg, spec: HybridSpec, kind: str, squarings: int) -> None:
+    def __init__(self, cfg, spec: HybridSpec, kind: str, squarings: int, sparse: bool) -> None:
         super().__init__()
         self.kind = kind
         self.input_layernorm = OffsetRMSNorm(spec.hidden, spec.eps)
@@ -132,7 +132,7 @@ class HybridLayer(nn.Module):
         else:
             self.self_attn = GatedAttention(cfg, spec)
         self.post_attention_layernorm = OffsetRMSNorm(spec.hidden, spec.eps)
-        if family_for(cfg.model_type).moe:  # Qwen3.5-MoE: every layer's MLP sparse, with a shared expert
+        if sparse:  # routed experts and a shared one (Qwen3.5-MoE: every layer; Qwen3-Next: by its config)
             self.mlp = SparseMoe.from_hf(cfg)
         else:
             self.mlp = SwiGLU(spec.hidden, spec.intermediate)
@@ -142,7 +142,10 @@ class _Body(nn.Module):
     def __init__(self, cfg, spec: HybridSpec, squarings: int) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(spec.vocab, spec.hidden)
-        self.layers = nn.ModuleList(HybridLayer(cfg, spec, k, squarings) for k in spec.layer_types)
+        sparse = set(sparse_layers(cfg)) if family_for(cfg.model_type).moe else set()
+        self.layers = nn.ModuleList(
+            HybridLayer(cfg, spec, k, squarings, i in sparse) for i, k in enumerate(spec.layer_types)
+        )
         self.norm = OffsetRMSNorm(spec.hidden, spec.eps)
 
 

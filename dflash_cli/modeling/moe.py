@@ -184,10 +184,12 @@ def by_token(x, logits):
     return op.Reshape(logits, op.Concat(op.Shape(x, start=0, end=1), op.Constant(value_ints=[-1]), axis=0))
 
 
-def to_hf_state(state: dict, model_type: str = "") -> dict:
-    """Our tensors under Hugging Face's layout: transformers 5 fuses Qwen's gate and up as [gate | up], not
-    interleaved; gpt-oss keeps them interleaved, both expert weights transposed."""
-    fused = traits_of(model_type).fused_experts
+def to_hf_state(state: dict, cfg) -> dict:
+    """Our tensors under Hugging Face's layout (`cfg` its config): transformers 5 fuses Qwen's gate and up as
+    [gate | up], not interleaved; gpt-oss keeps them interleaved, both expert weights transposed; tensors convert
+    read in another layout than the checkpoint's are put back (Family.hf_state)."""
+    family = traits_of(cfg.model_type)
+    fused = family.fused_experts
     out = dict(state)
     for k, v in state.items():
         if fused and k.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj")):
@@ -195,7 +197,7 @@ def to_hf_state(state: dict, model_type: str = "") -> dict:
         elif k.endswith("mlp.experts.gate_up_proj"):
             e, rows, cols = v.shape
             out[k] = v.view(e, rows // 2, 2, cols).transpose(1, 2).reshape(e, rows, cols)
-    return out
+    return out if family.hf_state is None else family.hf_state(out, cfg)
 
 
 class Router(nn.Module):

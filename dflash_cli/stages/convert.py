@@ -144,6 +144,11 @@ def describe(recipe: Any) -> Described:
         from dflash_cli.modeling.moe import checkpoint_stacks  # imports torch: not at pipeline import
 
         target = WeightStore(target.root, target.refs, checkpoint_stacks(target_cfg, target))
+    from dflash_cli.families import traits_of
+
+    views = traits_of(target_cfg.get("model_type")).checkpoint_views  # tensors read in another layout than stored
+    if views is not None:
+        target = WeightStore(target.root, target.refs, {**target.stacks, **views(target_cfg, target)})
     pair = resolve_pair(
         target_cfg,
         draft_cfg,
