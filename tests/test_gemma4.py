@@ -91,10 +91,10 @@ def test_validation_reference_scales_the_embedding_as_the_checkpoints_dtype_does
     import torch
     from transformers.models.gemma4.modeling_gemma4 import Gemma4TextScaledWordEmbedding
 
-    from dflash_cli.exporting.validate import _scale_embeddings_as_checkpoint
+    from dflash_cli.exporting.hf_reference import scale_embeddings_as_checkpoint
 
     embedding = Gemma4TextScaledWordEmbedding(8, 5376, 0, embed_scale=5376**0.5)
-    _scale_embeddings_as_checkpoint(embedding, torch.bfloat16)
+    scale_embeddings_as_checkpoint(embedding, torch.bfloat16)
     assert float(embedding.embed_scale) == 73.5
-    _scale_embeddings_as_checkpoint(embedding, "float32")
+    scale_embeddings_as_checkpoint(embedding, "float32")
     assert float(embedding.embed_scale) == float(torch.tensor(5376**0.5))

@@ -313,7 +313,7 @@ def test_int4_build_stores_no_float_tower_and_image_prompts_stay_lossless(tmp_pa
 def test_hf_text_lm_of_the_artifact_is_the_multimodal_models_text_path(built) -> None:
     """`dflash check`'s fp32 reference (readiness/logit_gap.py): Qwen3-VL's text model has no causal-LM class,
     so ours wraps it, loaded from the inject artifact: the multimodal model's logits on a text prompt."""
-    from dflash_cli.exporting.validate import hf_text_lm
+    from dflash_cli.exporting.hf_reference import hf_text_lm
 
     (engine, _), hf = built
     inject = engine.compile_dir.parents[1] / "inject" / engine.artifact_keys["inject"] / "target"

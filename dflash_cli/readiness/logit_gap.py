@@ -18,7 +18,7 @@ class LogitGap:
     def __init__(self, target_dir: Path) -> None:
         import torch
 
-        from dflash_cli.exporting.validate import hf_text_lm
+        from dflash_cli.exporting.hf_reference import hf_text_lm
 
         self._torch = torch
         self.model = hf_text_lm(target_dir)
