@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from dflash_cli.checkpoints.weights import WeightStore
 from dflash_cli.errors import CheckpointError
 from dflash_cli.stages.base import StageContext
 from dflash_cli.stages.convert import STAGE
+from tests.fixtures.damage import drop_tensor
 from tests.fixtures.tiny_pairs import TinyPair, make_pair
 
 
@@ -62,10 +63,7 @@ def test_published_config_spelling(pair: TinyPair) -> None:
 
 def test_missing_expert_is_refused(pair: TinyPair, tmp_path: Path) -> None:
     copy = pair.copy_to(tmp_path / "pair")
-    path = copy.target_dir / "model.safetensors"
-    tensors = load_file(str(path))
-    del tensors["model.layers.3.mlp.experts.6.up_proj.weight"]
-    save_file(tensors, str(path), metadata={"format": "pt"})
+    drop_tensor(copy.target_dir, "model.layers.3.mlp.experts.6.up_proj.weight")
     with pytest.raises(CheckpointError) as exc:
         _convert(copy, tmp_path / "out")
     assert "target layer 3 lacks expert weights" in str(exc.value)

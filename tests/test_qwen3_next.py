@@ -11,12 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from dflash_cli.checkpoints.weights import WeightStore
 from dflash_cli.errors import CheckpointError
 from dflash_cli.stages.base import StageContext
 from dflash_cli.stages.convert import STAGE
+from tests.fixtures.damage import drop_tensor
 from tests.fixtures.tiny_pairs import TinyPair, make_pair
 
 LINEAR = (0, 1, 2)  # the tiny pair's Gated DeltaNet layers (layer 3 is full attention)
@@ -175,10 +176,7 @@ def test_fields_config_json_leaves_out_read_as_transformers_defaults(pair: TinyP
 
 def test_a_missing_fused_projection_is_refused(pair: TinyPair, tmp_path: Path) -> None:
     copy = pair.copy_to(tmp_path / "pair")
-    path = copy.target_dir / "model.safetensors"
-    tensors = load_file(str(path))
-    del tensors["model.layers.2.linear_attn.in_proj_ba.weight"]
-    save_file(tensors, str(path), metadata={"format": "pt"})
+    drop_tensor(copy.target_dir, "model.layers.2.linear_attn.in_proj_ba.weight")
     with pytest.raises(CheckpointError) as exc:
         _convert(copy, tmp_path / "out")
     assert "target layer 2 has no in_proj_ba of 8 rows" in str(exc.value)
