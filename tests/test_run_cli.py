@@ -97,3 +97,30 @@ def test_mode_option_takes_every_mode_and_the_old_name():
     assert resolve_mode("pld") == "lookup" == ALIASES["pld"] and resolve_mode(None) is None
     with pytest.raises(typer.BadParameter, match="did you mean 'lookup'"):
         resolve_mode("lokup")
+
+
+def test_stop_string_ends_the_answer_streamed_or_json(qwen3_engine):
+    """--stop cuts the printed text where the stop string begins and ends generation there; before, a
+    streamed answer printed everything and only --json's text was cut."""
+    full = json.loads(invoke(qwen3_engine, "--prompt", "def add(a, b):", "--max-new-tokens", "24", "--json").stdout)
+    text = full["text"]
+    stop = text[len(text) // 2 : len(text) // 2 + 2]
+    want = text[: text.find(stop)]
+    streamed = invoke(qwen3_engine, "--prompt", "def add(a, b):", "--max-new-tokens", "24", "--stop", stop)
+    assert streamed.exit_code == 0, streamed.output
+    assert streamed.stdout == want + "\n" and "stopped: stop_string" in streamed.stderr
+    args = ("--prompt", "def add(a, b):", "--max-new-tokens", "24", "--json")
+    doc = json.loads(invoke(qwen3_engine, *args, "--stop", stop).stdout)
+    assert doc["text"] == want and doc["stopped"] == "stop_string"
+    assert doc["token_ids"] == full["token_ids"][: len(doc["token_ids"])]
+    from_recipe = invoke(qwen3_engine, *args[:-1], "--set", f"run.stop={json.dumps([stop])}")
+    assert from_recipe.stdout == want + "\n"
+
+
+def test_stop_option_reads_escapes_and_refuses_an_empty_string(qwen3_engine):
+    from dflash_cli.cli.run import _stops
+
+    assert _stops(["\\n\\n", "a\\tb", "\\\\n"], ["x"]) == ["\n\n", "a\tb", "\\n"]
+    assert _stops(None, ["x"]) == ["x"]
+    res = invoke(qwen3_engine, "--prompt", "x", "--stop", "")
+    assert res.exit_code == 2 and "stop string must not be empty" in res.output

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -21,6 +22,7 @@ from dflash_cli.cli.common import (
     print_json,
 )
 from dflash_cli.decoding.modes import ALIASES, MODES, MODES_INFO
+from dflash_cli.decoding.text_stream import TextStream
 from dflash_cli.recipe.schema import DEFAULT_RECIPE
 
 
@@ -80,6 +82,14 @@ def run_command(
             help="A local image for a vision-language target (repeat for several; they precede the prompt text).",
         ),
     ] = None,
+    stop: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--stop",
+            help="End the answer where this text appears, which is not printed (repeat for several; "
+            "replaces run.stop; \\n and \\t are read as a newline and a tab).",
+        ),
+    ] = None,
     json_: JsonOpt = False,
 ) -> None:
     """Generate from a prompt with DFlash (or plain decoding with --no-draft); builds missing stages first."""
@@ -101,6 +111,7 @@ def run_command(
     r = load_recipe(recipe, set_ or [])
     run = r.run
     decode_mode = decode_mode or run.drafter  # a speculative mode's own name
+    stops = _stops(stop, list(run.stop))
     with build_progress() as on_event:
         # Same as `dflash bench`: stages not yet built are built (progress on stderr); cached ones are silent.
         engine = build_engine(r, Cache(cache_dir), lambda e: None if e.message == "cached" else on_event(e))
@@ -109,7 +120,15 @@ def run_command(
         ids, images = engine.encode_with_images(prompt, [str(p) for p in image])
     else:
         ids = engine.encode_prompt(prompt)
-    streamer = _Streamer(engine) if not json_ else None
+    stream = TextStream(engine.decode, stops)
+
+    def on_commit(new: list[int]) -> str | None:
+        delta = stream.push(new)
+        if delta and not json_:
+            sys.stdout.write(delta)
+            sys.stdout.flush()
+        return "stop_string" if stream.stopped else None  # generation ends at the step that wrote it
+
     result = engine.generate(
         ids,
         mode=decode_mode,
@@ -118,17 +137,17 @@ def run_command(
         top_k=run.top_k if top_k is None else top_k,
         top_p=run.top_p if top_p is None else top_p,
         seed=run.seed if seed is None else seed,
-        on_commit=streamer.push if streamer else None,
+        on_commit=on_commit,
         images=images,
     )
-    text = _apply_stop_strings(engine.decode(result.tokens), list(run.stop))
+    tail = stream.finish()
     if json_:
         print_json(
             {
                 "recipe": r.name,
                 "mode": result.mode,
                 "prompt_tokens": result.prompt_tokens,
-                "text": text,
+                "text": stream.text,
                 "token_ids": result.tokens,
                 "acceptance_lengths": result.accept_lengths,
                 "tau": result.tau,
@@ -140,7 +159,8 @@ def run_command(
             }
         )
         return
-    streamer.finish()
+    sys.stdout.write(tail + "\n")
+    sys.stdout.flush()
     err_console().print(
         f"{result.new_tokens} new tokens · tau {result.tau:.2f} · {result.decode_tokens_per_s:.1f} tok/s decode · "
         f"TTFT {result.prefill_s * 1000:.0f} ms · {result.mode} · stopped: {result.stopped}",
@@ -195,27 +215,12 @@ def _read_prompt(prompt: str) -> str:
     return prompt
 
 
-class _Streamer:
-    """Prints the text of committed tokens as they arrive (decoding the whole so far keeps UTF-8 intact)."""
-
-    def __init__(self, engine) -> None:
-        self.engine, self.tokens, self.printed = engine, [], 0
-
-    def push(self, new: list[int]) -> None:
-        self.tokens.extend(new)
-        text = self.engine.decode(self.tokens)
-        if text.endswith("\ufffd"):  # an incomplete multi-byte character: wait for the rest
-            return
-        sys.stdout.write(text[self.printed :])
-        sys.stdout.flush()
-        self.printed = len(text)
-
-    def finish(self) -> None:
-        text = self.engine.decode(self.tokens)
-        sys.stdout.write(text[self.printed :] + "\n")
-        sys.stdout.flush()
-
-
-def _apply_stop_strings(text: str, stops: list[str]) -> str:
-    cut = min((text.find(s) for s in stops if s and s in text), default=-1)
-    return text if cut < 0 else text[:cut]
+def _stops(given: list[str] | None, recipe_stops: list[str]) -> list[str]:
+    """--stop values (replacing run.stop) with \\n, \\t, \\r and \\\\ read as escapes: a shell passes them as typed."""
+    if given is None:
+        return recipe_stops
+    escapes = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
+    stops = [re.sub(r"\\([ntr\\])", lambda m: escapes[m.group(1)], s) for s in given]
+    if any(s == "" for s in stops):
+        raise typer.BadParameter("a stop string must not be empty", param_hint="--stop")
+    return stops
