@@ -42,7 +42,12 @@ def unsupported(cfg: dict[str, Any]) -> str | None:
     if cfg.get("num_kv_shared_layers"):
         return "layers sharing another layer's KV cache (num_kv_shared_layers)"
     if cfg.get("enable_moe_block"):
-        return "the mixture-of-experts block (enable_moe_block, the 26B-A4B model)"
+        # Its experts are GELU-gated (GEGLU); ONNX Runtime 1.32's MoE / QMoE compute that on CUDA only, and
+        # experts as gathered standard ops hold every expert unquantised (26B parameters in fp32).
+        return (
+            "the mixture-of-experts block (enable_moe_block, the 26B-A4B model), whose GELU-gated experts"
+            " ONNX Runtime's CPU expert kernels do not compute"
+        )
     if cfg.get("use_bidirectional_attention") == "all":
         return "bidirectional attention over all tokens"
     return None
