@@ -58,6 +58,14 @@ def llama_engine(tiny_llama_pair: TinyPair, tmp_path_factory: pytest.TempPathFac
 
 
 @pytest.fixture(scope="session")
+def qwen3_logits_engine(tiny_qwen3_pair: TinyPair, tmp_path_factory: pytest.TempPathFactory):
+    """The tiny Qwen3 pair exported with logits (sampling and logprobs need them)."""
+    from tests.engines import open_engine
+
+    return open_engine(tiny_qwen3_pair, tmp_path_factory.mktemp("qwen3_logits"), export={"logits": True})
+
+
+@pytest.fixture(scope="session")
 def qwen3_last_layer_engine(tiny_qwen3_pair: TinyPair, tmp_path_factory: pytest.TempPathFactory):
     """Taps include the target's last layer, whose Hugging Face hidden state is taken after the final norm."""
     from tests.engines import open_engine

@@ -70,10 +70,8 @@ def test_batched_greedy_equals_each_request_alone(which, mode, request):
 
 
 @pytest.fixture(scope="module")
-def logits_engine(tiny_qwen3_pair, tmp_path_factory):
-    from tests.engines import open_engine
-
-    return open_engine(tiny_qwen3_pair, tmp_path_factory.mktemp("batch_logits"), export={"logits": True})
+def logits_engine(qwen3_logits_engine):
+    return qwen3_logits_engine
 
 
 @pytest.mark.parametrize("mode", ["dflash", "plain"])

@@ -225,10 +225,8 @@ def test_disconnect_mid_stream_frees_the_engine(qwen3_engine):
 
 
 @pytest.fixture(scope="module")
-def logits_engine(tiny_qwen3_pair, tmp_path_factory):
-    from tests.engines import open_engine
-
-    return open_engine(tiny_qwen3_pair, tmp_path_factory.mktemp("serve_logits"), export={"logits": True})
+def logits_engine(qwen3_logits_engine):
+    return qwen3_logits_engine
 
 
 def test_seeded_sampling_equals_dflash_run(logits_engine):

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash_cli.decoding.learnt import Learnt
+from dflash_cli.decoding.logprobs import MAX_TOP
 from dflash_cli.decoding.loops import LoopConfig, generate_plain, generate_speculative
 from dflash_cli.decoding.make_proposer import make_proposer
 from dflash_cli.decoding.modes import MODES, canonical
@@ -250,6 +251,18 @@ class Engine:
                 hint="rebuild with `--set export.logits=true`, or use --temperature 0",
             )
 
+    def check_logprobs(self, logprobs: int | None, prompt_logprobs: bool = False) -> None:
+        """Logprobs come from the logits rows, which a build exports only with export.logits."""
+        if logprobs is None and not prompt_logprobs:
+            return
+        if logprobs is not None and not 0 <= logprobs <= MAX_TOP:
+            raise GenerationError(f"logprobs {logprobs} is not in 0..{MAX_TOP}", hint="ask for at most 20 alternatives")
+        if not self.emits_logits:
+            raise GenerationError(
+                "logprobs need logits, but this build emits token ids only",
+                hint="rebuild with `--set export.logits=true`",
+            )
+
     def generate(
         self,
         prompt_ids: list[int],
@@ -263,12 +276,17 @@ class Engine:
         on_commit=None,
         images: ImagePrompt | None = None,
         ignore_eos: bool = False,  # only max_new_tokens (or on_commit) ends it: what load generators ask
+        logprobs: int | None = None,
+        prompt_logprobs: bool = False,
     ) -> GenerationResult:
-        """`images`: a vision-language prompt's image inputs (ImageReader.prompt / encode) for `prompt_ids`."""
+        """`images`: a vision-language prompt's image inputs (ImageReader.prompt / encode) for `prompt_ids`.
+        `logprobs`: each new token's logprob and that many likeliest alternatives (None: none); `prompt_logprobs`:
+        each prompt token's too (decoding/logprobs.py)."""
         mode = canonical(mode)  # an old name ("pld") runs its mode, reported by the mode's one name
         if mode not in MODES:
             raise GenerationError(f"unknown mode {mode!r}", hint=f"one of {', '.join(MODES)}")
         self.check_request(prompt_ids, max_new_tokens, temperature, top_k, top_p)
+        self.check_logprobs(logprobs, prompt_logprobs)
         sessions = [s for s in (self.target, self._plain_target) if s is not None]
         if images is not None:
             if self.images is None or not all(getattr(s, "vision", None) for s in sessions):
@@ -282,13 +300,19 @@ class Engine:
             f.prompt = images  # the target's calls of this sequence take them (vision/feeds.py)
         try:
             stops = frozenset() if ignore_eos else frozenset(self.eos_token_ids)
-            return self._generate(prompt_ids, mode, max_new_tokens, temperature, top_k, top_p, seed, on_commit, stops)
+            cfg = LoopConfig(
+                max_new_tokens,
+                stops,
+                SamplingConfig(temperature, top_k, top_p, seed),
+                logprobs=0 if prompt_logprobs and logprobs is None else logprobs,
+                prompt_logprobs=prompt_logprobs,
+            )
+            return self._generate(prompt_ids, mode, cfg, on_commit)
         finally:
             for f in feeders:
                 f.prompt = None
 
-    def _generate(self, prompt_ids, mode, max_new_tokens, temperature, top_k, top_p, seed, on_commit, stops):
-        cfg = LoopConfig(max_new_tokens, stops, SamplingConfig(temperature, top_k, top_p, seed))
+    def _generate(self, prompt_ids: list[int], mode: str, cfg: LoopConfig, on_commit) -> GenerationResult:
         if mode == "plain" and self._plain_target is not None:
             self._plain_target.reset()
             return generate_plain(TimedSession(self._plain_target), prompt_ids, self.prefill_len, cfg, on_commit)

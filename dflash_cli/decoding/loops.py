@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from dflash_cli.backends.base import proposal_rows
+from dflash_cli.decoding.logprobs import TokenLogprob, entry, prompt_entries
 from dflash_cli.decoding.proposer import Proposer
 from dflash_cli.decoding.result import GenerationResult
 from dflash_cli.decoding.sampling import Sampler, SamplingConfig
@@ -33,6 +34,8 @@ class LoopConfig:
     max_new_tokens: int
     stop_ids: frozenset[int] = field(default_factory=frozenset)
     sampling: SamplingConfig = SamplingConfig()
+    logprobs: int | None = None  # each committed token's logprob and this many alternatives (None: none)
+    prompt_logprobs: bool = False  # also each prompt token's, from the prefill's logits
 
 
 class _Output:
@@ -45,15 +48,25 @@ class _Output:
 
     def __init__(self, cfg: LoopConfig, on_commit: Callable[[list[int]], str | None] | None) -> None:
         self.cfg, self.tokens, self.stopped, self._on_commit = cfg, [], "", on_commit
+        self.logprobs: list[TokenLogprob] | None = None if cfg.logprobs is None else []
+        self.prompt_logprobs: list[TokenLogprob | None] | None = None
 
-    def commit(self, new: list[int]) -> None:
+    def prompt(self, prefilled: dict[str, np.ndarray], prompt: list[int]) -> None:
+        """The prompt's logprobs, where asked, from the prefill's outputs (every prompt row's logits)."""
+        if self.cfg.prompt_logprobs:
+            self.prompt_logprobs = prompt_entries(prefilled["logits"], prompt, self.cfg.logprobs or 0)
+
+    def commit(self, new: list[int], rows: list[np.ndarray | None] | None = None) -> None:
+        """`rows`: the logits row each token was chosen from (needed where logprobs are asked for)."""
         taken = []
-        for t in new:
+        for i, t in enumerate(new):
             if len(self.tokens) >= self.cfg.max_new_tokens:
                 self.stopped = "length"
                 break
             self.tokens.append(t)
             taken.append(t)
+            if self.logprobs is not None:
+                self.logprobs.append(entry(rows[i], t, self.cfg.logprobs))
             if t in self.cfg.stop_ids:
                 self.stopped = "stop_token"
                 break
@@ -76,14 +89,17 @@ def generate_plain(
     out = _Output(cfg, on_commit)
     t0 = time.perf_counter()
     res = prefill(target, prompt, prefill_len)
-    out.commit([sampler.pick(res.get("logits", [None])[-1], res["tokens"][-1])])
+    out.prompt(res, prompt)
+    row = res.get("logits", [None])[-1]
+    out.commit([sampler.pick(row, res["tokens"][-1])], [row])
     t1 = time.perf_counter()
     target.reset_counters()
     pos = len(prompt)
     while not out.done:
         ids, p = padded([out.tokens[-1]], pos, 1)
         step = target.run({"input_ids": ids, "position_ids": p})
-        out.commit([sampler.pick(step.get("logits", [[None]])[0][0], step["tokens"][0, 0])])
+        row = step.get("logits", [[None]])[0][0]
+        out.commit([sampler.pick(row, step["tokens"][0, 0])], [row])
         pos += 1
     t2 = time.perf_counter()
     return GenerationResult(
@@ -97,6 +113,8 @@ def generate_plain(
         target_calls=target.calls,
         target_s=target.seconds,
         stopped=out.stopped,
+        logprobs=out.logprobs,
+        prompt_logprobs=out.prompt_logprobs,
     )
 
 
@@ -227,7 +245,9 @@ def generate_speculative(
     draft_timer = proposer.draft
     t0 = time.perf_counter()
     res = prefill(target, prompt, prefill_len)
-    out.commit([sampler.pick(res.get("logits", [None])[-1], res["tokens"][-1])])
+    out.prompt(res, prompt)
+    row = res.get("logits", [None])[-1]
+    out.commit([sampler.pick(row, res["tokens"][-1])], [row])
     pos, accepts, verify_lengths = len(prompt), [], []
     proposer.start(res["context_features"], out.tokens[-1], pos)
     t1 = time.perf_counter()
@@ -250,9 +270,10 @@ def generate_speculative(
         before = target.seconds
         ver = target.run({"input_ids": ids, "position_ids": bpos})
         logits = ver.get("logits")
-        committed = []
+        committed, rows = [], []
         for i in range(length):
-            y = sampler.pick(None if logits is None else logits[0, i], ver["tokens"][0, i])
+            rows.append(None if logits is None else logits[0, i])
+            y = sampler.pick(rows[-1], ver["tokens"][0, i])
             committed.append(y)
             if i == length - 1 or proposal[i] != y:
                 break
@@ -260,7 +281,7 @@ def generate_speculative(
         verify_lengths.append(length)
         proposer.verified(committed, target.seconds - before)
         proposer.observe(ver["context_features"][0, : len(committed)], pos)
-        out.commit(committed)
+        out.commit(committed, rows)
         pos += len(committed)
     t2 = time.perf_counter()
     return GenerationResult(
@@ -278,4 +299,6 @@ def generate_speculative(
         step_sources=list(proposer.sources),
         verify_lengths=verify_lengths,
         stopped=out.stopped,
+        logprobs=out.logprobs,
+        prompt_logprobs=out.prompt_logprobs,
     )

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from dflash_cli.decoding.logprobs import TokenLogprob
+
 
 @dataclass
 class GenerationResult:
@@ -21,6 +23,8 @@ class GenerationResult:
     step_sources: list[str] = field(default_factory=list)  # hybrid: who proposed each verify step
     verify_lengths: list[int] = field(default_factory=list)  # tokens each verify checked (proposal + 1)
     stopped: str = "length"  # "length" | "stop_token" | whatever on_commit returned ("stop_string", ...)
+    logprobs: list[TokenLogprob] | None = None  # per new token, where asked for (decoding/logprobs.py)
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # per prompt token (the first: None), where asked
 
     @property
     def new_tokens(self) -> int:
