@@ -138,7 +138,8 @@ async def _whole(job: Job, request: Request, scheduler: Scheduler) -> Response:
             if kind == "done":
                 use = usage(len(job.prompt_ids), payload.result.new_tokens)
                 ext = _extension(payload)
-                body = full_response(job.req, payload.text, payload.finish_reason, use, ext, payload.result.tokens)
+                tokens = payload.result.tokens
+                body = full_response(job.req, payload.text, payload.finish_reason, use, ext, tokens, payload.logprobs)
                 return JSONResponse(body)
     finally:
         watcher.cancel()

@@ -94,6 +94,7 @@ class Intake:
             req.max_tokens = max(1, min(req.max_tokens, room))
         try:
             engine.check_request(prompt_ids, req.max_tokens, req.temperature, req.top_k, req.top_p)
+            engine.check_logprobs(req.logprobs)
         except DFlashError as exc:
             raise ApiError.from_dflash(exc) from None
         return req, prompt_ids

@@ -11,6 +11,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from dflash_cli.decoding.logprobs import MAX_TOP
 from dflash_cli.errors import DFlashError
 
 
@@ -60,6 +61,8 @@ class GenRequest:
     max_tokens_given: bool = True  # False: the recipe's default, which the server caps to the room left
     return_token_ids: bool = False  # extension (vLLM has it too): the completion's token ids in the choice
     ignore_eos: bool = False  # extension (vLLM's): decode past end-of-sequence to max_tokens, as load clients ask
+    logprobs: int | None = None  # each new token's logprob and this many alternatives (None: not asked)
+    echo: bool = False  # completions: the prompt precedes the text (and its tokens the logprobs)
     images: Any = None  # a chat's images as the target takes them (vision_feeds.ImagePrompt), set at intake
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
@@ -87,7 +90,7 @@ def parse_request(body: Any, kind: str, model_name: str, defaults: Any) -> GenRe
     n = body.get("n", 1)
     if n not in (1, None):
         raise ApiError("only n=1 is supported", param="n", hint="send one request per completion")
-    unsupported = [k for k in ("logprobs", "top_logprobs", "echo", "suffix", "tools", "functions") if body.get(k)]
+    unsupported = [k for k in ("suffix", "tools", "functions") + (("echo",) if kind == "chat" else ()) if body.get(k)]
     unsupported += ["best_of"] if body.get("best_of") not in (None, 1) else []
     if unsupported:
         raise ApiError(
@@ -115,7 +118,25 @@ def parse_request(body: Any, kind: str, model_name: str, defaults: Any) -> GenRe
         return_token_ids=_bool(body, "return_token_ids"),
         ignore_eos=_bool(body, "ignore_eos"),
         max_tokens_given=body.get(max_key) is not None,
+        logprobs=_logprobs(body, kind),
+        echo=kind == "completion" and _bool(body, "echo"),
     )
+
+
+def _logprobs(body: dict, kind: str) -> int | None:
+    """Alternatives asked for per token, or None: completions' `logprobs` is their number; chat's `logprobs` is
+    a switch and `top_logprobs` the number (OpenAI's shapes)."""
+    if kind == "completion":
+        asked = body.get("logprobs") is not None
+        top = _number(body, "logprobs", int, 0, low=0, high=MAX_TOP)
+    else:
+        asked = _bool(body, "logprobs")
+        top = _number(body, "top_logprobs", int, 0, low=0, high=MAX_TOP)
+        if body.get("top_logprobs") is not None and not asked:
+            raise ApiError("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+    if asked and body.get("stream"):
+        raise ApiError("logprobs are not streamed yet", param="logprobs", hint="ask with stream: false")
+    return top if asked else None
 
 
 def _refuse_lone_surrogates(body: dict) -> None:
@@ -241,13 +262,20 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 
 def full_response(
-    req: GenRequest, text: str, reason: str, use: dict, extension: dict, token_ids: list[int]
+    req: GenRequest,
+    text: str,
+    reason: str,
+    use: dict,
+    extension: dict,
+    token_ids: list[int],
+    logprobs: dict | None = None,
 ) -> dict[str, Any]:
     if req.kind == "chat":
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason}
+        message = {"role": "assistant", "content": text}
+        choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": reason}
         obj, prefix = "chat.completion", "chatcmpl-"
     else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": reason}
         obj, prefix = "text_completion", "cmpl-"
     if req.return_token_ids:
         choice["token_ids"] = token_ids

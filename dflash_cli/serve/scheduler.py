@@ -22,6 +22,7 @@ from typing import Any
 from dflash_cli.decoding.result import GenerationResult
 from dflash_cli.decoding.text_stream import TextStream
 from dflash_cli.errors import DFlashError
+from dflash_cli.serve.logprobs_body import chat_logprobs, completion_logprobs
 from dflash_cli.serve.protocol import ApiError, GenRequest, finish_reason
 
 log = logging.getLogger("dflash.serve")
@@ -34,8 +35,9 @@ class QueueFull(Exception):
 @dataclass
 class Outcome:
     result: GenerationResult
-    text: str
+    text: str  # an echoed prompt's text first
     finish_reason: str
+    logprobs: dict | None = None  # in the response's shape (serve/logprobs_body.py), where asked
 
 
 class Job:
@@ -169,6 +171,9 @@ class Scheduler:
                 return "stop_string"
             return "cancelled" if job.cancel.is_set() else None
 
+        echoed = _echoed(engine, req, job.prompt_ids)
+        if echoed:
+            job.emit("text", echoed)  # a stream shows it first
         if self.batcher is not None:
             self.batcher.enter(slot)
         try:
@@ -183,6 +188,8 @@ class Scheduler:
                 on_commit=on_commit,
                 images=req.images,
                 ignore_eos=req.ignore_eos,
+                logprobs=req.logprobs,
+                prompt_logprobs=req.echo and req.logprobs is not None,
             )
         finally:
             if self.batcher is not None:
@@ -190,4 +197,22 @@ class Scheduler:
         tail = stream.finish()
         if tail:
             job.emit("text", tail)
-        return Outcome(result, stream.text, finish_reason(result.stopped))
+        return Outcome(result, echoed + stream.text, finish_reason(result.stopped), _logprobs(engine, req, job, result))
+
+
+def _echoed(engine: Any, req: GenRequest, prompt_ids: list[int]) -> str:
+    """The prompt as an echoing completion shows it: its own text, or its token ids decoded."""
+    if not req.echo:
+        return ""
+    return req.prompt if isinstance(req.prompt, str) else engine.decode(prompt_ids)
+
+
+def _logprobs(engine: Any, req: GenRequest, job: Job, result: GenerationResult) -> dict | None:
+    if result.logprobs is None:
+        return None
+    if req.kind == "chat":
+        return chat_logprobs(engine.decode, result.logprobs)
+    tokens, entries = list(result.tokens), list(result.logprobs)
+    if req.echo:
+        tokens, entries = job.prompt_ids + tokens, list(result.prompt_logprobs) + entries
+    return completion_logprobs(engine.decode, tokens, entries)
