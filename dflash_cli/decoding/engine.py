@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import copy
 import json
+import threading
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+from dflash_cli.decoding.constraint import Constraint, ConstraintSpec, compile_constraint, llguidance_tokenizer
 from dflash_cli.decoding.learnt import Learnt
 from dflash_cli.decoding.logprobs import MAX_TOP
 from dflash_cli.decoding.loops import LoopConfig, generate_plain, generate_speculative
@@ -61,6 +63,7 @@ class Engine:
         self.tokenizer = load_tokenizer(artifacts.inject / "target")
         if self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in self.eos_token_ids:
             self.eos_token_ids.append(self.tokenizer.eos_token_id)
+        self._lltokenizer, self._lltokenizer_lock = None, threading.Lock()  # the grammars' view, built when needed
         backend = self.settings.backend
         self._tables = None
         o = self.settings.ort
@@ -263,6 +266,18 @@ class Engine:
                 hint="rebuild with `--set export.logits=true`",
             )
 
+    def compile_constraint(self, spec: ConstraintSpec) -> Constraint:
+        """A fresh grammar state for one generation; refused where the build gives no logits to mask."""
+        if not self.emits_logits:
+            raise GenerationError(
+                f"a {spec.kind} constraint masks the logits, but this build emits token ids only",
+                hint="rebuild with `--set export.logits=true`",
+            )
+        with self._lltokenizer_lock:
+            if self._lltokenizer is None:
+                self._lltokenizer = llguidance_tokenizer(self.tokenizer, self.vocab_size, self.eos_token_ids)
+        return compile_constraint(spec, self._lltokenizer, self.vocab_size)
+
     def generate(
         self,
         prompt_ids: list[int],
@@ -278,15 +293,18 @@ class Engine:
         ignore_eos: bool = False,  # only max_new_tokens (or on_commit) ends it: what load generators ask
         logprobs: int | None = None,
         prompt_logprobs: bool = False,
+        constraint: ConstraintSpec | None = None,
     ) -> GenerationResult:
         """`images`: a vision-language prompt's image inputs (ImageReader.prompt / encode) for `prompt_ids`.
         `logprobs`: each new token's logprob and that many likeliest alternatives (None: none); `prompt_logprobs`:
-        each prompt token's too (decoding/logprobs.py)."""
+        each prompt token's too (decoding/logprobs.py); `constraint`: a grammar the answer follows
+        (decoding/constraint.py)."""
         mode = canonical(mode)  # an old name ("pld") runs its mode, reported by the mode's one name
         if mode not in MODES:
             raise GenerationError(f"unknown mode {mode!r}", hint=f"one of {', '.join(MODES)}")
         self.check_request(prompt_ids, max_new_tokens, temperature, top_k, top_p)
         self.check_logprobs(logprobs, prompt_logprobs)
+        grammar = None if constraint is None else self.compile_constraint(constraint)
         sessions = [s for s in (self.target, self._plain_target) if s is not None]
         if images is not None:
             if self.images is None or not all(getattr(s, "vision", None) for s in sessions):
@@ -306,6 +324,7 @@ class Engine:
                 SamplingConfig(temperature, top_k, top_p, seed),
                 logprobs=0 if prompt_logprobs and logprobs is None else logprobs,
                 prompt_logprobs=prompt_logprobs,
+                constraint=grammar,
             )
             return self._generate(prompt_ids, mode, cfg, on_commit)
         finally:

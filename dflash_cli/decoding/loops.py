@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from dflash_cli.backends.base import proposal_rows
+from dflash_cli.decoding.constraint import Constraint
 from dflash_cli.decoding.logprobs import TokenLogprob, entry, prompt_entries
 from dflash_cli.decoding.proposer import Proposer
 from dflash_cli.decoding.result import GenerationResult
@@ -36,6 +37,14 @@ class LoopConfig:
     sampling: SamplingConfig = SamplingConfig()
     logprobs: int | None = None  # each committed token's logprob and this many alternatives (None: none)
     prompt_logprobs: bool = False  # also each prompt token's, from the prefill's logits
+    constraint: Constraint | None = None  # a grammar the output follows (decoding/constraint.py): needs logits
+
+
+def _pick(sampler: Sampler, cfg: LoopConfig, row: np.ndarray | None, greedy_token: int) -> int:
+    """The target's token at one position: the sampler's pick, under the grammar where there is one."""
+    if cfg.constraint is not None:
+        return cfg.constraint.pick(row, sampler)
+    return sampler.pick(row, greedy_token)
 
 
 class _Output:
@@ -91,7 +100,7 @@ def generate_plain(
     res = prefill(target, prompt, prefill_len)
     out.prompt(res, prompt)
     row = res.get("logits", [None])[-1]
-    out.commit([sampler.pick(row, res["tokens"][-1])], [row])
+    out.commit([_pick(sampler, cfg, row, res["tokens"][-1])], [row])
     t1 = time.perf_counter()
     target.reset_counters()
     pos = len(prompt)
@@ -99,7 +108,7 @@ def generate_plain(
         ids, p = padded([out.tokens[-1]], pos, 1)
         step = target.run({"input_ids": ids, "position_ids": p})
         row = step.get("logits", [[None]])[0][0]
-        out.commit([sampler.pick(row, step["tokens"][0, 0])], [row])
+        out.commit([_pick(sampler, cfg, row, step["tokens"][0, 0])], [row])
         pos += 1
     t2 = time.perf_counter()
     return GenerationResult(
@@ -247,7 +256,7 @@ def generate_speculative(
     res = prefill(target, prompt, prefill_len)
     out.prompt(res, prompt)
     row = res.get("logits", [None])[-1]
-    out.commit([sampler.pick(row, res["tokens"][-1])], [row])
+    out.commit([_pick(sampler, cfg, row, res["tokens"][-1])], [row])
     pos, accepts, verify_lengths = len(prompt), [], []
     proposer.start(res["context_features"], out.tokens[-1], pos)
     t1 = time.perf_counter()
@@ -265,6 +274,8 @@ def generate_speculative(
         last = out.tokens[-1]
         limit = min(longest, max(block, cfg.max_new_tokens - len(out.tokens)))
         proposal = proposer.propose(prompt + out.tokens, last, pos, limit)[: limit - 1]
+        if cfg.constraint is not None:  # a token the grammar forbids could not be accepted: no row for it
+            proposal = cfg.constraint.cut(proposal)
         length = len(proposal) + 1
         ids, bpos = padded([last, *proposal], pos, length if variable else block)
         before = target.seconds
@@ -273,7 +284,7 @@ def generate_speculative(
         committed, rows = [], []
         for i in range(length):
             rows.append(None if logits is None else logits[0, i])
-            y = sampler.pick(rows[-1], ver["tokens"][0, i])
+            y = _pick(sampler, cfg, rows[-1], ver["tokens"][0, i])
             committed.append(y)
             if i == length - 1 or proposal[i] != y:
                 break

@@ -95,6 +95,8 @@ class Intake:
         try:
             engine.check_request(prompt_ids, req.max_tokens, req.temperature, req.top_k, req.top_p)
             engine.check_logprobs(req.logprobs)
+            if req.constraint is not None:
+                engine.compile_constraint(req.constraint)  # a grammar that does not compile is this request's 400
         except DFlashError as exc:
             raise ApiError.from_dflash(exc) from None
         return req, prompt_ids

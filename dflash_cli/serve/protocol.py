@@ -11,8 +11,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from dflash_cli.decoding.constraint import ConstraintSpec
 from dflash_cli.decoding.logprobs import MAX_TOP
 from dflash_cli.errors import DFlashError
+from dflash_cli.serve.structured import read_constraint
 
 
 class ApiError(Exception):
@@ -63,6 +65,7 @@ class GenRequest:
     ignore_eos: bool = False  # extension (vLLM's): decode past end-of-sequence to max_tokens, as load clients ask
     logprobs: int | None = None  # each new token's logprob and this many alternatives (None: not asked)
     echo: bool = False  # completions: the prompt precedes the text (and its tokens the logprobs)
+    constraint: ConstraintSpec | None = None  # a grammar the answer follows (serve/structured.py)
     images: Any = None  # a chat's images as the target takes them (vision_feeds.ImagePrompt), set at intake
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
@@ -120,6 +123,7 @@ def parse_request(body: Any, kind: str, model_name: str, defaults: Any) -> GenRe
         max_tokens_given=body.get(max_key) is not None,
         logprobs=_logprobs(body, kind),
         echo=kind == "completion" and _bool(body, "echo"),
+        constraint=read_constraint(body, ApiError),
     )
 
 

@@ -190,6 +190,7 @@ class Scheduler:
                 ignore_eos=req.ignore_eos,
                 logprobs=req.logprobs,
                 prompt_logprobs=req.echo and req.logprobs is not None,
+                constraint=req.constraint,
             )
         finally:
             if self.batcher is not None:
