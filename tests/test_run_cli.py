@@ -124,3 +124,38 @@ def test_stop_option_reads_escapes_and_refuses_an_empty_string(qwen3_engine):
     assert _stops(None, ["x"]) == ["x"]
     res = invoke(qwen3_engine, "--prompt", "x", "--stop", "")
     assert res.exit_code == 2 and "stop string must not be empty" in res.output
+
+
+def test_run_follows_a_json_schema_file_or_a_regex(qwen3_logits_engine, tmp_path):
+    n = {"type": "integer", "maximum": 9, "minimum": 0}
+    schema = {"type": "object", "properties": {"n": n}, "required": ["n"], "additionalProperties": False}
+    (tmp_path / "s.json").write_text(json.dumps(schema))
+    doc = json.loads(
+        invoke(
+            qwen3_logits_engine,
+            "-p",
+            "x",
+            "--json-schema",
+            str(tmp_path / "s.json"),
+            "--json",
+            "--max-new-tokens",
+            "24",
+        ).stdout
+    )
+    assert set(json.loads(doc["text"])) <= {"n"} and doc["stopped"] == "stop_token"
+    res = invoke(qwen3_logits_engine, "-p", "x", "--regex", "[a-c]{4}", "--max-new-tokens", "24")
+    assert res.exit_code == 0 and len(res.stdout.strip()) == 4 and set(res.stdout.strip()) <= set("abc")
+
+
+def test_run_constraint_errors_are_one_line_with_a_hint(qwen3_engine, qwen3_logits_engine, tmp_path):
+    (tmp_path / "bad.json").write_text("{not json")
+    for engine, args, words in (
+        (qwen3_logits_engine, ["--json-schema", str(tmp_path / "missing.json")], "cannot read the JSON schema"),
+        (qwen3_logits_engine, ["--json-schema", str(tmp_path / "bad.json")], "is not JSON"),
+        (qwen3_logits_engine, ["--regex", "([a-z"], "regex cannot be compiled"),
+        (qwen3_engine, ["--regex", "a+"], "export.logits=true"),
+    ):
+        res = invoke(engine, "-p", "x", "--max-new-tokens", "8", *args)
+        assert res.exit_code == 1 and words in res.stderr and "Traceback" not in res.output, res.output
+    both = invoke(qwen3_logits_engine, "-p", "x", "--regex", "a", "--json-schema", str(tmp_path / "bad.json"))
+    assert both.exit_code == 2 and "not both" in both.output

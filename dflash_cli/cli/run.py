@@ -90,6 +90,13 @@ def run_command(
             "replaces run.stop; \\n and \\t are read as a newline and a tab).",
         ),
     ] = None,
+    json_schema: Annotated[
+        Path | None,
+        typer.Option("--json-schema", help="Answer as JSON following this JSON schema file (needs export.logits)."),
+    ] = None,
+    regex: Annotated[
+        str | None, typer.Option("--regex", help="Answer with text this regular expression matches whole.")
+    ] = None,
     json_: JsonOpt = False,
 ) -> None:
     """Generate from a prompt with DFlash (or plain decoding with --no-draft); builds missing stages first."""
@@ -112,6 +119,7 @@ def run_command(
     run = r.run
     decode_mode = decode_mode or run.drafter  # a speculative mode's own name
     stops = _stops(stop, list(run.stop))
+    constraint = _constraint(json_schema, regex)
     with build_progress() as on_event:
         # Same as `dflash bench`: stages not yet built are built (progress on stderr); cached ones are silent.
         engine = build_engine(r, Cache(cache_dir), lambda e: None if e.message == "cached" else on_event(e))
@@ -139,6 +147,7 @@ def run_command(
         seed=run.seed if seed is None else seed,
         on_commit=on_commit,
         images=images,
+        constraint=constraint,
     )
     tail = stream.finish()
     if json_:
@@ -224,3 +233,28 @@ def _stops(given: list[str] | None, recipe_stops: list[str]) -> list[str]:
     if any(s == "" for s in stops):
         raise typer.BadParameter("a stop string must not be empty", param_hint="--stop")
     return stops
+
+
+def _constraint(schema_file: Path | None, regex: str | None):
+    """--json-schema FILE or --regex R as the ConstraintSpec decoding follows (None: neither)."""
+    import json
+
+    from dflash_cli.decoding.constraint import ConstraintSpec
+    from dflash_cli.errors import GenerationError
+
+    if schema_file is not None and regex is not None:
+        raise typer.BadParameter("give --json-schema or --regex, not both", param_hint="--json-schema / --regex")
+    if regex is not None:
+        return ConstraintSpec("regex", regex)
+    if schema_file is None:
+        return None
+    try:
+        schema = json.loads(schema_file.read_text(encoding="utf-8"))
+    except OSError as exc:
+        why = f"cannot read the JSON schema {schema_file}: {exc.strerror or exc}"
+        raise GenerationError(why, hint="pass the path of a JSON schema file") from None
+    except ValueError as exc:
+        raise GenerationError(f"{schema_file} is not JSON: {exc}", hint="a JSON schema is a JSON object") from None
+    if not isinstance(schema, dict):
+        raise GenerationError(f"{schema_file} holds no JSON object", hint="a JSON schema is a JSON object")
+    return ConstraintSpec("json_schema", schema)
