@@ -76,7 +76,7 @@ def test_chat_logprobs_in_openai_shape(url, qwen3_logits_engine):
     [
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "needs"),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "echo": True}, "echo"),
-        ("/v1/completions", {"prompt": "x", "logprobs": 2, "stream": True}, "not streamed"),
+        ("/v1/completions", {"prompt": "x", "logprobs": 2, "stream": True, "echo": True}, "not streamed"),
     ],
 )
 def test_logprob_requests_it_cannot_answer_are_400s(url, path, body, words):
@@ -89,3 +89,30 @@ def test_a_build_without_logits_refuses_logprobs_with_the_fix(qwen3_engine):
         reply = http("POST", url + "/v1/completions", {"prompt": "x", "logprobs": 1})
     error = reply.json()["error"]
     assert reply.status_code == 400 and "logits" in error["message"] and "export.logits=true" in error["hint"]
+
+
+def test_streamed_logprobs_are_the_whole_answers_in_order(url):
+    import json
+
+    body = {"prompt": "def add(a, b):", "max_tokens": 16, "logprobs": 2, "stop": ["\n\n\n"]}
+    whole = http("POST", url + "/v1/completions", body).json()["choices"][0]["logprobs"]
+    reply = http("POST", url + "/v1/completions", {**body, "stream": True})
+    chunks = [json.loads(line[6:]) for line in reply.content.decode().splitlines() if line.startswith("data: {")]
+    parts = [c["choices"][0]["logprobs"] for c in chunks if c.get("choices") and c["choices"][0]["logprobs"]]
+    joined = {k: [v for p in parts for v in p[k]] for k in ("tokens", "token_logprobs", "top_logprobs", "text_offset")}
+    assert len(parts) >= 2 and joined == whole
+
+
+def test_streamed_chat_logprobs_are_the_whole_answers(url):
+    import openai
+
+    client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+    kw = dict(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=10, logprobs=True, top_logprobs=2)
+    whole = client.chat.completions.create(**kw).choices[0].logprobs.content
+    streamed = [
+        item
+        for c in client.chat.completions.create(**kw, stream=True)
+        if c.choices and c.choices[0].logprobs
+        for item in c.choices[0].logprobs.content
+    ]
+    assert [(i.token, i.logprob) for i in streamed] == [(i.token, i.logprob) for i in whole] and whole

@@ -65,7 +65,7 @@ def test_parse_defaults_come_from_the_recipe_run_section():
         ({"prompt": "x", "stop": [""]}, "stop"),
         ({"prompt": "x", "logprobs": 21}, "logprobs"),
         ({"prompt": "x", "logprobs": -1}, "logprobs"),
-        ({"prompt": "x", "logprobs": 2, "stream": True}, "logprobs"),
+        ({"prompt": "x", "logprobs": 2, "stream": True, "echo": True}, "echo"),
         ({"prompt": "x", "suffix": "y"}, "suffix"),
         ({"prompt": 3}, "prompt"),
         ({"prompt": "x", "stream": "yes"}, "stream"),

@@ -294,10 +294,12 @@ class Engine:
         logprobs: int | None = None,
         prompt_logprobs: bool = False,
         constraint: ConstraintSpec | None = None,
+        logprobs_out: list | None = None,
     ) -> GenerationResult:
         """`images`: a vision-language prompt's image inputs (ImageReader.prompt / encode) for `prompt_ids`.
         `logprobs`: each new token's logprob and that many likeliest alternatives (None: none); `prompt_logprobs`:
-        each prompt token's too (decoding/logprobs.py); `constraint`: a grammar the answer follows
+        each prompt token's too (decoding/logprobs.py), appended to `logprobs_out` (where given) as tokens are
+        committed, before `on_commit` sees them; `constraint`: a grammar the answer follows
         (decoding/constraint.py)."""
         mode = canonical(mode)  # an old name ("pld") runs its mode, reported by the mode's one name
         if mode not in MODES:
@@ -325,6 +327,7 @@ class Engine:
                 logprobs=0 if prompt_logprobs and logprobs is None else logprobs,
                 prompt_logprobs=prompt_logprobs,
                 constraint=grammar,
+                logprobs_out=logprobs_out,
             )
             return self._generate(prompt_ids, mode, cfg, on_commit)
         finally:

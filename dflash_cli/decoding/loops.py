@@ -37,6 +37,9 @@ class LoopConfig:
     sampling: SamplingConfig = SamplingConfig()
     logprobs: int | None = None  # each committed token's logprob and this many alternatives (None: none)
     prompt_logprobs: bool = False  # also each prompt token's, from the prefill's logits
+    # The list the entries are appended to as tokens are committed (before on_commit sees them), where a caller
+    # streams them; None: a list of the loop's own. Either way the result carries it.
+    logprobs_out: list | None = None
     constraint: Constraint | None = None  # a grammar the output follows (decoding/constraint.py): needs logits
 
 
@@ -57,7 +60,9 @@ class _Output:
 
     def __init__(self, cfg: LoopConfig, on_commit: Callable[[list[int]], str | None] | None) -> None:
         self.cfg, self.tokens, self.stopped, self._on_commit = cfg, [], "", on_commit
-        self.logprobs: list[TokenLogprob] | None = None if cfg.logprobs is None else []
+        self.logprobs: list[TokenLogprob] | None = None
+        if cfg.logprobs is not None:
+            self.logprobs = cfg.logprobs_out if cfg.logprobs_out is not None else []
         self.prompt_logprobs: list[TokenLogprob | None] | None = None
 
     def prompt(self, prefilled: dict[str, np.ndarray], prompt: list[int]) -> None:

@@ -163,7 +163,8 @@ async def _events(job: Job, scheduler: Scheduler) -> AsyncIterator[str]:
         while True:
             kind, payload = await job.events.get()
             if kind == "text":
-                yield _sse(chunk(req, payload))
+                text, logprobs = payload
+                yield _sse(chunk(req, text, logprobs=logprobs))
             elif kind == "error":
                 yield _sse(payload.body())
                 break

@@ -26,13 +26,14 @@ class _Texts:
 
 
 def completion_logprobs(
-    decode: Callable[[list[int]], str], tokens: list[int], entries: list[TokenLogprob | None]
+    decode: Callable[[list[int]], str], tokens: list[int], entries: list[TokenLogprob | None], start: int = 0
 ) -> dict[str, Any]:
     """`tokens` (the prompt's first when echoed) and their entries (None where a token has no logprob: the
-    prompt's first) -> {tokens, token_logprobs, top_logprobs, text_offset}, offsets into the choice's text."""
+    prompt's first) -> {tokens, token_logprobs, top_logprobs, text_offset}, offsets into the choice's text (from
+    `start`: a streamed chunk's first token's)."""
     text = _Texts(decode)
     pieces = [text(t) for t in tokens]
-    offsets, at = [], 0
+    offsets, at = [], start
     for piece in pieces:
         offsets.append(at)
         at += len(piece)

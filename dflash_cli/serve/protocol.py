@@ -138,8 +138,8 @@ def _logprobs(body: dict, kind: str) -> int | None:
         top = _number(body, "top_logprobs", int, 0, low=0, high=MAX_TOP)
         if body.get("top_logprobs") is not None and not asked:
             raise ApiError("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
-    if asked and body.get("stream"):
-        raise ApiError("logprobs are not streamed yet", param="logprobs", hint="ask with stream: false")
+    if asked and body.get("stream") and kind == "completion" and body.get("echo"):
+        raise ApiError("an echoed prompt's logprobs are not streamed", param="echo", hint="ask with stream: false")
     return top if asked else None
 
 
@@ -294,16 +294,19 @@ def full_response(
     }
 
 
-def chunk(req: GenRequest, text: str | None, reason: str | None = None, *, first: bool = False) -> dict[str, Any]:
-    """One streamed piece; `text` None with a reason is the closing chunk."""
+def chunk(
+    req: GenRequest, text: str | None, reason: str | None = None, *, first: bool = False, logprobs: dict | None = None
+) -> dict[str, Any]:
+    """One streamed piece; `text` None with a reason is the closing chunk; `logprobs` those of the tokens
+    committed since the last chunk (serve/logprobs_body.py)."""
     if req.kind == "chat":
         delta: dict[str, Any] = {"role": "assistant"} if first else {}
         if text:
             delta["content"] = text
-        choice = {"index": 0, "delta": delta, "finish_reason": reason}
+        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
         obj, prefix = "chat.completion.chunk", "chatcmpl-"
     else:
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}
+        choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": reason}
         obj, prefix = "text_completion", "cmpl-"
     return {"id": prefix + req.id, "object": obj, "created": req.created, "model": req.model, "choices": [choice]}
 

@@ -42,7 +42,8 @@ class Outcome:
 
 class Job:
     """A request handed to the worker; events arrive on `events` as (kind, payload):
-    ("text", str), then ("done", Outcome | None when cancelled before it started) or ("error", ApiError);
+    ("text", (str, the logprobs of the tokens since the last one or None)), then ("done", Outcome | None when
+    cancelled before it started) or ("error", ApiError);
     the handler side may add ("gone", None) when its client disconnects, or ("cut", None) at shutdown."""
 
     def __init__(self, req: GenRequest, prompt_ids: list[int], loop: asyncio.AbstractEventLoop) -> None:
@@ -162,18 +163,21 @@ class Scheduler:
     def _generate(self, job: Job, slot: int) -> Outcome:
         req, engine = job.req, self.views[slot]
         stream = TextStream(engine.decode, req.stop)  # only this thread uses this view's tokenizer
+        entries = [] if req.logprobs is not None else None  # the loop appends as it commits
+        streamed = _StreamedLogprobs(engine, req, entries) if req.stream and entries is not None else None
 
         def on_commit(new: list[int]) -> str | None:
             delta = stream.push(new)
-            if delta:
-                job.emit("text", delta)
+            fresh = streamed.take() if streamed is not None else None
+            if delta or fresh:
+                job.emit("text", (delta, fresh))
             if stream.stopped:
                 return "stop_string"
             return "cancelled" if job.cancel.is_set() else None
 
         echoed = _echoed(engine, req, job.prompt_ids)
         if echoed:
-            job.emit("text", echoed)  # a stream shows it first
+            job.emit("text", (echoed, None))  # a stream shows it first
         if self.batcher is not None:
             self.batcher.enter(slot)
         try:
@@ -191,13 +195,15 @@ class Scheduler:
                 logprobs=req.logprobs,
                 prompt_logprobs=req.echo and req.logprobs is not None,
                 constraint=req.constraint,
+                logprobs_out=entries,
             )
         finally:
             if self.batcher is not None:
                 self.batcher.leave(slot)
         tail = stream.finish()
-        if tail:
-            job.emit("text", tail)
+        fresh = streamed.take() if streamed is not None else None
+        if tail or fresh:
+            job.emit("text", (tail, fresh))
         return Outcome(result, echoed + stream.text, finish_reason(result.stopped), _logprobs(engine, req, job, result))
 
 
@@ -217,3 +223,20 @@ def _logprobs(engine: Any, req: GenRequest, job: Job, result: GenerationResult) 
     if req.echo:
         tokens, entries = job.prompt_ids + tokens, list(result.prompt_logprobs) + entries
     return completion_logprobs(engine.decode, tokens, entries)
+
+
+class _StreamedLogprobs:
+    """The entries the loop appended since the last chunk, in the response's shape (text offsets running on)."""
+
+    def __init__(self, engine: Any, req: GenRequest, entries: list) -> None:
+        self.engine, self.req, self.entries, self.sent, self.offset = engine, req, entries, 0, 0
+
+    def take(self) -> dict | None:
+        fresh, self.sent = self.entries[self.sent :], len(self.entries)
+        if not fresh:
+            return None
+        if self.req.kind == "chat":
+            return chat_logprobs(self.engine.decode, fresh)
+        body = completion_logprobs(self.engine.decode, [e.token for e in fresh], fresh, start=self.offset)
+        self.offset = body["text_offset"][-1] + len(body["tokens"][-1])
+        return body
