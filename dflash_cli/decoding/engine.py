@@ -171,17 +171,27 @@ class Engine:
             prompt = "\n\n".join(m["content"] for m in prompt)
         return list(self.tokenizer(prompt)["input_ids"])
 
-    def encode_chat(self, messages: list[dict], enable_thinking: bool | None = None) -> list[int]:
+    def encode_chat(
+        self, messages: list[dict], enable_thinking: bool | None = None, tools: list[dict] | None = None
+    ) -> list[int]:
         """Chat messages through the tokenizer's chat template whatever `run.chat_template` says (a chat
-        request is a chat); a tokenizer without a template gets the contents joined, as encode_prompt does."""
-        if not getattr(self.tokenizer, "chat_template", None):
+        request is a chat); a tokenizer without a template gets the contents joined, as encode_prompt does.
+        `tools` (OpenAI's function tools) are rendered by the template, which must take them."""
+        template = getattr(self.tokenizer, "chat_template", None)
+        if tools and (not isinstance(template, str) or "tools" not in template):
+            raise GenerationError(
+                "this model's chat template does not render tools", hint="send the request without 'tools'"
+            )
+        if not template:
             return list(self.tokenizer("\n\n".join(m["content"] for m in messages))["input_ids"])
         thinking = self.settings.enable_thinking if enable_thinking is None else enable_thinking
-        return self._templated(messages, thinking)
+        return self._templated(messages, thinking, tools)
 
-    def _templated(self, messages: list[dict], enable_thinking: bool) -> list[int]:
+    def _templated(self, messages: list[dict], enable_thinking: bool, tools: list[dict] | None = None) -> list[int]:
         family = family_named(self.settings.family)
         kwargs = {"enable_thinking": enable_thinking} if family.thinking_switch else {}
+        if tools:
+            kwargs["tools"] = tools
         if family.reasoning_effort and self.settings.reasoning_effort:  # harmony's system line
             kwargs["reasoning_effort"] = self.settings.reasoning_effort
         text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)

@@ -68,6 +68,9 @@ class Family:
     thinking_switch: bool = False
     # The template (harmony) takes `reasoning_effort` for its system line (run.reasoning_effort)
     reasoning_effort: bool = False
+    # How the model writes tool calls, which serve parses (serve/tools.py): "hermes" (JSON between <tool_call>
+    # and </tool_call>); None: serve refuses `tools` for this family
+    tool_call_format: str | None = None
 
     # --- QAIC (Qualcomm Cloud AI 100) -----------------------------------------------------------------
     # Its programs may hold several sequences' caches (compile.qaic.full_batch_size): every layer keeps only

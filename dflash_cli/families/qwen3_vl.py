@@ -10,4 +10,5 @@ FAMILY = Family(
     vision=True,
     mrope_model="transformers.models.qwen3_vl.modeling_qwen3_vl.Qwen3VLModel",
     qaic_vision=True,
+    tool_call_format="hermes",
 )

@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dflash_cli.serve.intake import Intake, default_limit
 from dflash_cli.serve.metrics import ServerMetrics
-from dflash_cli.serve.protocol import ApiError, chunk, full_response, usage, usage_chunk
+from dflash_cli.serve.protocol import ApiError, chunk, full_response, tool_calls_chunk, usage, usage_chunk
 from dflash_cli.serve.scheduler import Job, Outcome, QueueFull, Scheduler
 
 RETRY_AFTER_S = 1  # what a 503 tells the client to wait; one verify step is far shorter
@@ -139,7 +139,9 @@ async def _whole(job: Job, request: Request, scheduler: Scheduler) -> Response:
                 use = usage(len(job.prompt_ids), payload.result.new_tokens)
                 ext = _extension(payload)
                 tokens = payload.result.tokens
-                body = full_response(job.req, payload.text, payload.finish_reason, use, ext, tokens, payload.logprobs)
+                body = full_response(
+                    job.req, payload.text, payload.finish_reason, use, ext, tokens, payload.logprobs, payload.tool_calls
+                )
                 return JSONResponse(body)
     finally:
         watcher.cancel()
@@ -173,6 +175,8 @@ async def _events(job: Job, scheduler: Scheduler) -> AsyncIterator[str]:
                 break
             elif kind == "done":
                 if payload is not None:
+                    if payload.tool_calls:
+                        yield _sse(tool_calls_chunk(req, payload.tool_calls))
                     yield _sse({**chunk(req, None, payload.finish_reason), **_extension(payload)})
                     if req.include_usage:
                         yield _sse(usage_chunk(req, usage(len(job.prompt_ids), payload.result.new_tokens)))

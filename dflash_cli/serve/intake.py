@@ -108,7 +108,7 @@ def _encode(engine: Any, req: GenRequest) -> list[int]:
             ids, req.images = _encode_images(engine, req.prompt)
             return ids
         if req.kind == "chat":
-            return engine.encode_chat(req.prompt, req.enable_thinking)
+            return engine.encode_chat(req.prompt, req.enable_thinking, _tools_for(engine, req))
         if isinstance(req.prompt, list):  # token ids
             vocab = len(engine.tokenizer)
             if any(not 0 <= t < vocab for t in req.prompt):
@@ -146,3 +146,18 @@ def _encode_images(engine: Any, messages: list[dict]):
         for m in messages
     ]
     return engine.encode_with_images(plain, pictures)
+
+
+def _tools_for(engine: Any, req: GenRequest) -> list[dict] | None:
+    """The request's tools for the chat template, where this family's calls can be read back (serve/tools.py)."""
+    if req.tools is None:
+        return None
+    from dflash_cli.families import family_named
+
+    if family_named(engine.settings.family).tool_call_format is None:
+        raise ApiError(
+            f"tool calling is not supported for {engine.settings.family} targets yet",
+            param="tools",
+            hint="Qwen3, Qwen3-MoE and Qwen3-VL targets take tools",
+        )
+    return req.tools.tools

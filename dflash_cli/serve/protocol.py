@@ -15,6 +15,7 @@ from dflash_cli.decoding.constraint import ConstraintSpec
 from dflash_cli.decoding.logprobs import MAX_TOP
 from dflash_cli.errors import DFlashError
 from dflash_cli.serve.structured import read_constraint
+from dflash_cli.serve.tools import ToolRequest, read_tools
 
 
 class ApiError(Exception):
@@ -65,7 +66,8 @@ class GenRequest:
     ignore_eos: bool = False  # extension (vLLM's): decode past end-of-sequence to max_tokens, as load clients ask
     logprobs: int | None = None  # each new token's logprob and this many alternatives (None: not asked)
     echo: bool = False  # completions: the prompt precedes the text (and its tokens the logprobs)
-    constraint: ConstraintSpec | None = None  # a grammar the answer follows (serve/structured.py)
+    constraint: ConstraintSpec | None = None  # a grammar the answer follows (serve/structured.py, serve/tools.py)
+    tools: ToolRequest | None = None  # chat: the function tools the model may (or must) call
     images: Any = None  # a chat's images as the target takes them (vision_feeds.ImagePrompt), set at intake
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
@@ -93,7 +95,7 @@ def parse_request(body: Any, kind: str, model_name: str, defaults: Any) -> GenRe
     n = body.get("n", 1)
     if n not in (1, None):
         raise ApiError("only n=1 is supported", param="n", hint="send one request per completion")
-    unsupported = [k for k in ("suffix", "tools", "functions") + (("echo",) if kind == "chat" else ()) if body.get(k)]
+    unsupported = [k for k in ("suffix", "functions") + (("echo",) if kind == "chat" else ("tools",)) if body.get(k)]
     unsupported += ["best_of"] if body.get("best_of") not in (None, 1) else []
     if unsupported:
         raise ApiError(
@@ -105,6 +107,7 @@ def parse_request(body: Any, kind: str, model_name: str, defaults: Any) -> GenRe
         raise ApiError("chat_template_kwargs and stream_options must be objects")
     thinking = kwargs.get("enable_thinking")
     top_k = _number(body, "top_k", int, defaults.top_k, low=-1)  # -1 (vLLM's "off") is our 0
+    tools = read_tools(body, ApiError) if kind == "chat" else None
     return GenRequest(
         kind=kind,
         model=model_name,
@@ -123,8 +126,18 @@ def parse_request(body: Any, kind: str, model_name: str, defaults: Any) -> GenRe
         max_tokens_given=body.get(max_key) is not None,
         logprobs=_logprobs(body, kind),
         echo=kind == "completion" and _bool(body, "echo"),
-        constraint=read_constraint(body, ApiError),
+        constraint=_constraint(body, tools),
+        tools=tools,
     )
+
+
+def _constraint(body: dict, tools: ToolRequest | None) -> ConstraintSpec | None:
+    """The request's output constraint: its own, or the grammar of a required tool call (not both)."""
+    own = read_constraint(body, ApiError)
+    required = tools.constraint() if tools is not None else None
+    if own is not None and required is not None:
+        raise ApiError("a required tool call and an output constraint cannot both apply", param="tool_choice")
+    return own or required
 
 
 def _logprobs(body: dict, kind: str) -> int | None:
@@ -189,7 +202,32 @@ def _messages(value: Any) -> list[dict]:
             content = ""
         if not isinstance(content, (str, list)):
             raise ApiError(f"messages[{i}].content must be a string or a list of content parts", param="messages")
-        out.append({"role": m["role"], "content": content})
+        message = {"role": m["role"], "content": content}
+        # An assistant's earlier calls and a tool's answer to one, as the chat template reads them
+        for key, kind in (("tool_calls", list), ("tool_call_id", str), ("name", str)):
+            if m.get(key) is not None:
+                if not isinstance(m[key], kind):
+                    raise ApiError(f"messages[{i}].{key} must be a {kind.__name__}", param="messages")
+                message[key] = _tool_calls(m[key], i) if key == "tool_calls" else m[key]
+        out.append(message)
+    return out
+
+
+def _tool_calls(calls: list, i: int) -> list[dict]:
+    """An assistant message's tool_calls, with each call's arguments as an object (templates write them as JSON)."""
+    import json
+
+    out = []
+    for j, c in enumerate(calls):
+        f = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(f, dict) or not isinstance(f.get("name"), str):
+            raise ApiError(f"messages[{i}].tool_calls[{j}] needs function.name", param="messages")
+        args = f.get("arguments") or {}
+        try:
+            args = json.loads(args) if isinstance(args, str) else args
+        except ValueError:
+            raise ApiError(f"messages[{i}].tool_calls[{j}].function.arguments is not JSON", param="messages") from None
+        out.append({**c, "function": {"name": f["name"], "arguments": args}})
     return out
 
 
@@ -273,9 +311,12 @@ def full_response(
     extension: dict,
     token_ids: list[int],
     logprobs: dict | None = None,
+    tool_calls: list[dict] | None = None,
 ) -> dict[str, Any]:
     if req.kind == "chat":
-        message = {"role": "assistant", "content": text}
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if tool_calls:
+            message.update(content=text or None, tool_calls=tool_calls)
         choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": reason}
         obj, prefix = "chat.completion", "chatcmpl-"
     else:
@@ -316,3 +357,10 @@ def usage_chunk(req: GenRequest, use: dict) -> dict[str, Any]:
     prefix = "chatcmpl-" if req.kind == "chat" else "cmpl-"
     head = {"id": prefix + req.id, "object": obj, "created": req.created, "model": req.model}
     return {**head, "choices": [], "usage": use}
+
+
+def tool_calls_chunk(req: GenRequest, calls: list[dict]) -> dict[str, Any]:
+    """A streamed answer's calls, whole, in one delta (each with its index, as OpenAI's deltas carry)."""
+    doc = chunk(req, None)
+    doc["choices"][0]["delta"] = {"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]}
+    return doc

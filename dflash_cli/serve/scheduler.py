@@ -22,6 +22,7 @@ from typing import Any
 from dflash_cli.decoding.result import GenerationResult
 from dflash_cli.decoding.text_stream import TextStream
 from dflash_cli.errors import DFlashError
+from dflash_cli.serve import tools
 from dflash_cli.serve.logprobs_body import chat_logprobs, completion_logprobs
 from dflash_cli.serve.protocol import ApiError, GenRequest, finish_reason
 
@@ -38,6 +39,7 @@ class Outcome:
     text: str  # an echoed prompt's text first
     finish_reason: str
     logprobs: dict | None = None  # in the response's shape (serve/logprobs_body.py), where asked
+    tool_calls: list[dict] | None = None  # the calls parsed out of the text (serve/tools.py), where tools were given
 
 
 class Job:
@@ -162,7 +164,9 @@ class Scheduler:
 
     def _generate(self, job: Job, slot: int) -> Outcome:
         req, engine = job.req, self.views[slot]
-        stream = TextStream(engine.decode, req.stop)  # only this thread uses this view's tokenizer
+        # Only this thread uses this view's tokenizer. With tools, text from a call's opening marker on is held
+        # back (the calls are parsed once the answer is whole), without ending generation there.
+        stream = TextStream(engine.decode, req.stop + ([tools.OPEN] if req.tools else []))
         entries = [] if req.logprobs is not None else None  # the loop appends as it commits
         streamed = _StreamedLogprobs(engine, req, entries) if req.stream and entries is not None else None
 
@@ -171,7 +175,7 @@ class Scheduler:
             fresh = streamed.take() if streamed is not None else None
             if delta or fresh:
                 job.emit("text", (delta, fresh))
-            if stream.stopped:
+            if stream.stopped and not (req.tools and tools.held_at_call(engine.decode, stream)):
                 return "stop_string"
             return "cancelled" if job.cancel.is_set() else None
 
@@ -204,7 +208,14 @@ class Scheduler:
         fresh = streamed.take() if streamed is not None else None
         if tail or fresh:
             job.emit("text", (tail, fresh))
-        return Outcome(result, echoed + stream.text, finish_reason(result.stopped), _logprobs(engine, req, job, result))
+        lp = _logprobs(engine, req, job, result)
+        if req.tools is None:
+            return Outcome(result, echoed + stream.text, finish_reason(result.stopped), lp)
+        parsed = tools.parse_calls(tools.cut(engine.decode(result.tokens), req.stop))
+        if not parsed.calls and len(parsed.content) > len(stream.text):  # a marker but no call: text after all
+            job.emit("text", (parsed.content[len(stream.text) :], None))
+        reason = "tool_calls" if parsed.calls else finish_reason(result.stopped)
+        return Outcome(result, parsed.content, reason, lp, parsed.calls or None)
 
 
 def _echoed(engine: Any, req: GenRequest, prompt_ids: list[int]) -> str:
