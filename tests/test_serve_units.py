@@ -67,6 +67,10 @@ def test_parse_defaults_come_from_the_recipe_run_section():
         ({"prompt": "x", "logprobs": -1}, "logprobs"),
         ({"prompt": "x", "logprobs": 2, "stream": True, "echo": True}, "echo"),
         ({"prompt": "x", "suffix": "y"}, "suffix"),
+        ({"prompt": "x", "presence_penalty": 0.5}, "presence_penalty"),
+        ({"prompt": "x", "logit_bias": {"5": 10}}, "logit_bias"),
+        ({"prompt": "x", "repetition_penalty": 1.1}, "repetition_penalty"),
+        ({"prompt": "x", "prompt_logprobs": 1}, "prompt_logprobs"),
         ({"prompt": 3}, "prompt"),
         ({"prompt": "x", "stream": "yes"}, "stream"),
     ],
@@ -76,6 +80,11 @@ def test_parse_refuses_bad_fields_naming_them(body, param):
         parse_request(body, "completion", "m", RunConfig())
     assert info.value.status == 400 and info.value.param == param
     assert info.value.body()["error"]["type"] == "invalid_request_error"
+
+
+def test_neutral_values_of_fields_dflash_does_not_apply_pass():
+    body = {"prompt": "x", "presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {}, "repetition_penalty": 1}
+    assert parse_request(body, "completion", "m", RunConfig()).prompt == "x"
 
 
 def test_parse_chat_messages_and_thinking_switch():

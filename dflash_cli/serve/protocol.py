@@ -1,7 +1,9 @@
 """OpenAI-compatible request parsing and response bodies (completions and chat completions).
 
 Parsing is by hand rather than by a schema so every refusal is one OpenAI-style error with the
-same wording the CLI uses, and unknown fields that clients routinely send are ignored.
+same wording the CLI uses. Unknown fields that clients routinely send (`user`, `metadata`, ...) are ignored;
+a known field that would change the answer and that dflash does not apply is refused unless it has its
+neutral value.
 """
 
 from __future__ import annotations
@@ -97,6 +99,8 @@ def parse_request(body: Any, kind: str, model_name: str, defaults: Any) -> GenRe
         raise ApiError("only n=1 is supported", param="n", hint="send one request per completion")
     unsupported = [k for k in ("suffix", "functions") + (("echo",) if kind == "chat" else ("tools",)) if body.get(k)]
     unsupported += ["best_of"] if body.get("best_of") not in (None, 1) else []
+    # Fields that would change the answer, at any value but their neutral one: refused, never ignored
+    unsupported += [k for k, neutral in _NEUTRAL.items() if body.get(k) not in (None, *neutral)]
     if unsupported:
         raise ApiError(
             f"{unsupported[0]!r} is not supported by dflash serve", param=unsupported[0], hint="leave the field out"
@@ -129,6 +133,21 @@ def parse_request(body: Any, kind: str, model_name: str, defaults: Any) -> GenRe
         constraint=_constraint(body, tools),
         tools=tools,
     )
+
+
+# OpenAI's and vLLM's sampling fields dflash does not apply, with the values that change nothing
+_NEUTRAL: dict[str, tuple] = {
+    "presence_penalty": (0, 0.0),
+    "frequency_penalty": (0, 0.0),
+    "repetition_penalty": (1, 1.0),
+    "logit_bias": ({},),
+    "min_p": (0, 0.0),
+    "min_tokens": (0,),
+    "stop_token_ids": ([],),
+    "bad_words": ([],),
+    "use_beam_search": (False,),
+    "prompt_logprobs": (),
+}
 
 
 def _constraint(body: dict, tools: ToolRequest | None) -> ConstraintSpec | None:
