@@ -12,7 +12,7 @@ import json
 import random
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from dflash_cli.bench.named_datasets import NAMED_DATASETS, load_named
 from dflash_cli.errors import DatasetError
@@ -22,6 +22,7 @@ class Sample(NamedTuple):
     id: str
     turns: list[str]  # user messages, answered in order (one for single-turn prompts)
     images: tuple[str, ...] = ()  # image files of a single-turn prompt (a vision-language target), before its text
+    constraint: Any = None  # a ConstraintSpec every answer of the row follows (`json_schema` or `regex`), or None
 
 
 def _load_humaneval() -> list[Sample]:
@@ -176,7 +177,27 @@ def _parse_jsonl_line(path: Path, lineno: int, line: str) -> Sample:
             f"line {lineno} of {path}: `turns`/`prompt` must be non-empty text (a list of strings for `turns`)",
         )
     sample_id = next((str(obj[f]) for f in _ID_FIELDS if obj.get(f) is not None), f"{_file_stem(path)}/{lineno}")
-    return Sample(sample_id, list(turns), _images(path, lineno, obj.get("images"), len(turns)))
+    images = _images(path, lineno, obj.get("images"), len(turns))
+    return Sample(sample_id, list(turns), images, _constraint(path, lineno, obj))
+
+
+def _constraint(path: Path, lineno: int, obj: dict):
+    """A row's `json_schema` (an object) or `regex` (a string): what its answers follow (decoding/constraint.py)."""
+    from dflash_cli.decoding.constraint import ConstraintSpec
+
+    schema, regex = obj.get("json_schema"), obj.get("regex")
+    where = f"line {lineno} of {path}"
+    if schema is not None and regex is not None:
+        raise DatasetError(f"{where} has both `json_schema` and `regex`", hint="give a row one of them")
+    if schema is not None:
+        if not isinstance(schema, dict):
+            raise DatasetError(f"{where}: `json_schema` must be a JSON schema object")
+        return ConstraintSpec("json_schema", schema)
+    if regex is not None:
+        if not isinstance(regex, str) or not regex:
+            raise DatasetError(f"{where}: `regex` must be a non-empty string")
+        return ConstraintSpec("regex", regex)
+    return None
 
 
 def _images(path: Path, lineno: int, value, turns: int) -> tuple[str, ...]:

@@ -146,7 +146,7 @@ def run_bench(
         for sample in samples[: settings.warmup]:  # run and discarded: first calls pay for allocation
             prompt_ids, images = _encode(engine, [], sample, 0)
             for mode in modes:
-                _generate(engine, prompt_ids, mode, settings, sample.id, 0, images)
+                _generate(engine, prompt_ids, mode, settings, sample.id, 0, images, sample.constraint)
         for index, sample in enumerate(samples):
             history: History = []
             for turn, user in enumerate(sample.turns):
@@ -162,7 +162,8 @@ def run_bench(
                         if prompt_ids is None:
                             prompt_ids, images = _encode(engine, history, sample, turn)
                         results = {
-                            m: _generate(engine, prompt_ids, m, settings, sample.id, turn, images) for m in order
+                            m: _generate(engine, prompt_ids, m, settings, sample.id, turn, images, sample.constraint)
+                            for m in order
                         }
                         record = TurnRecord(sample.id, turn, {m: results[m] for m in modes}, rep=rep)
                         if results_log is not None:
@@ -314,8 +315,11 @@ def _generate(
     sample_id: str,
     turn: int,
     images: Any = None,
+    constraint: Any = None,
 ) -> GenerationResult:
     extra = {"images": images} if images is not None else {}  # engines without images take none
+    if constraint is not None:
+        extra["constraint"] = constraint
     try:
         return engine.generate(
             prompt_ids,
