@@ -80,3 +80,23 @@ def test_a_build_without_logits_refuses_a_constraint_with_the_fix(qwen3_engine):
         reply = http("POST", url + "/v1/completions", {"prompt": "x", "guided_regex": "a+"})
     error = reply.json()["error"]
     assert reply.status_code == 400 and "export.logits=true" in error["hint"]
+
+
+def test_unsatisfiable_unsupported_and_huge_schemas_then_the_server_goes_on(url):
+    def ask(schema):
+        fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+        return http("POST", url + "/v1/completions", {"prompt": "x", "max_tokens": 8, "response_format": fmt})
+
+    unsat = ask({"type": "string", "minLength": 5, "maxLength": 2})
+    assert unsat.status_code == 400 and "Unsatisfiable schema" in unsat.json()["error"]["message"]
+    unknown = ask({"not": {}})
+    assert unknown.status_code == 400 and "not" in unknown.json()["error"]["message"]
+    big = {
+        "type": "object",
+        "properties": {
+            f"k{i}": {"type": "object", "properties": {f"j{j}": {"type": "string"} for j in range(40)}}
+            for i in range(200)
+        },
+    }
+    assert ask(big).status_code == 200  # 8,000 properties compile in well under a second
+    assert http("POST", url + "/v1/completions", {"prompt": "x", "max_tokens": 3}).status_code == 200

@@ -60,6 +60,8 @@ class Constraint:
         """`row` with the tokens the grammar forbids next at -inf."""
         bits = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8)
         allowed = np.unpackbits(bits, bitorder="little")[: row.shape[-1]].astype(bool)
+        if not allowed.any():  # the grammar can go nowhere from here (llguidance says why)
+            raise GenerationError(f"no token can continue the answer: {self._error()}", hint="check the grammar")
         return np.where(allowed, row.astype(np.float32), -np.inf)
 
     def pick(self, row: np.ndarray, sampler: Any) -> int:
