@@ -100,3 +100,25 @@ def test_unsatisfiable_unsupported_and_huge_schemas_then_the_server_goes_on(url)
     }
     assert ask(big).status_code == 200  # 8,000 properties compile in well under a second
     assert http("POST", url + "/v1/completions", {"prompt": "x", "max_tokens": 3}).status_code == 200
+
+
+def test_the_openai_clients_parse_with_a_pydantic_model(url):
+    """`client.chat.completions.parse`: the client sends the model's strict JSON schema and reads the answer back
+    into the model; streamed, the same text."""
+    from typing import Literal
+
+    from pydantic import BaseModel, Field
+
+    class Answer(BaseModel):
+        n: int = Field(ge=0, le=9)
+        ok: bool
+        tag: Literal["a", "b"]
+
+    client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+    messages = [{"role": "user", "content": "answer"}]
+    got = client.chat.completions.parse(model="tiny", messages=messages, response_format=Answer, max_tokens=48)
+    parsed = got.choices[0].message.parsed
+    assert isinstance(parsed, Answer) and got.choices[0].finish_reason == "stop"
+    with client.chat.completions.stream(model="tiny", messages=messages, response_format=Answer, max_tokens=48) as s:
+        final = s.get_final_completion()
+    assert final.choices[0].message.parsed == parsed

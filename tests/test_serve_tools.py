@@ -185,3 +185,32 @@ def test_calls_are_parsed_out_of_the_text_and_bad_ones_stay_text():
     assert '<tool_call>{"name": 3}</tool_call>' in parsed.content
     assert parse_calls(f'{call}\n<tool_call>\n{{"name": "ad').content == ""  # cut off by max_tokens
     assert parse_calls("no calls here").calls == [] and parse_calls("<tool_call>x</tool_call>").calls == []
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_tool_call_round_trip_with_the_openai_client(client, stream):
+    """Ask, get a call, run it, send its result back, get an answer: as an application does."""
+    c, _ = client
+    messages = list(MESSAGES)
+    kw = dict(model="tiny", tools=[ADD], max_tokens=96)
+    if stream:
+        calls: dict[int, dict] = {}
+        for event in c.chat.completions.create(messages=messages, tool_choice="required", stream=True, **kw):
+            for d in (event.choices[0].delta.tool_calls or []) if event.choices else []:
+                calls[d.index] = {
+                    "id": d.id,
+                    "type": "function",
+                    "function": {"name": d.function.name, "arguments": d.function.arguments},
+                }
+        tool_calls = [calls[i] for i in sorted(calls)]
+    else:
+        reply = c.chat.completions.create(messages=messages, tool_choice="required", **kw)
+        tool_calls = [t.model_dump() for t in reply.choices[0].message.tool_calls]
+    assert tool_calls and all(t["function"]["name"] == "add" for t in tool_calls)
+    messages.append({"role": "assistant", "content": None, "tool_calls": tool_calls})
+    for t in tool_calls:
+        args = json.loads(t["function"]["arguments"])
+        messages.append({"role": "tool", "tool_call_id": t["id"], "content": str(args["a"] + args["b"])})
+    answer = c.chat.completions.create(messages=messages, tool_choice="none", **kw)
+    assert answer.choices[0].message.role == "assistant" and answer.choices[0].finish_reason in ("stop", "length")
+    assert answer.usage.prompt_tokens > len(MESSAGES[0]["content"]) // 4
