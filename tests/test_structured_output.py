@@ -74,8 +74,16 @@ def test_a_proposal_is_cut_at_its_first_forbidden_token(qwen3_logits_engine):
     engine = qwen3_logits_engine
     grammar = engine.compile_constraint(ConstraintSpec("choice", ["yes", "no"]))
     yes = engine.encode_prompt("yes")
-    assert grammar.cut(yes + engine.encode_prompt("xyz")) == yes
-    assert grammar.cut(engine.encode_prompt("xyz")) == []
+    assert grammar.cut(yes + engine.encode_prompt("xyz"), 16) == yes
+    assert grammar.cut(engine.encode_prompt("xyz"), 16) == []
+
+
+def test_tokens_the_grammar_forces_are_proposed_whatever_the_draft_guessed(qwen3_logits_engine):
+    engine = qwen3_logits_engine
+    grammar = engine.compile_constraint(ConstraintSpec("regex", "abcdefgh[0-9]"))
+    forced = grammar.cut([], 16)
+    assert forced and engine.decode(forced) == "abcdefgh"[: len(engine.decode(forced))]
+    assert grammar.cut(engine.encode_prompt("zz"), 16) == forced and grammar.cut([], 2) == forced[:2]
 
 
 def test_what_cannot_be_constrained_is_refused_by_name(qwen3_engine, qwen3_logits_engine):

@@ -6,7 +6,8 @@ out, and advance the grammar by the token picked, position by position through a
 rejected proposal is never read, so the grammar's state is always that of the committed text and a verify
 block picks exactly what one-token calls would (constrained DFlash == constrained plain, token for token;
 with a seed, the same sampled text). A proposal is cut at its first token the grammar forbids, which the
-target could not have accepted, so it costs no verify row. Masks need the logits (export.logits=true).
+target could not have accepted, so it costs no verify row; where the grammar forces the next tokens, they are
+proposed whatever the draft guessed. Masks need the logits (export.logits=true).
 """
 
 from __future__ import annotations
@@ -75,8 +76,14 @@ class Constraint:
         if not self._matcher.consume_token(token):
             raise GenerationError(f"the grammar refused token {token}: {self._error()}", hint="this is a dflash bug")
 
-    def cut(self, proposal: list[int]) -> list[int]:
-        """The proposal up to its first token the grammar forbids (after the committed text)."""
+    def cut(self, proposal: list[int], limit: int) -> list[int]:
+        """What to verify after the committed text: the tokens the grammar forces from here (a schema's keys and
+        punctuation: the target can pick nothing else, whatever the draft guessed), then the proposal's tokens
+        where it agrees with them, up to `limit` tokens and the first token the grammar forbids."""
+        forced = self._matcher.compute_ff_tokens()
+        if forced and proposal[: len(forced)] != forced:
+            proposal = forced
+        proposal = proposal[:limit]
         return proposal[: self._matcher.validate_tokens(proposal)]
 
     def _error(self) -> str:

@@ -279,8 +279,8 @@ def generate_speculative(
         last = out.tokens[-1]
         limit = min(longest, max(block, cfg.max_new_tokens - len(out.tokens)))
         proposal = proposer.propose(prompt + out.tokens, last, pos, limit)[: limit - 1]
-        if cfg.constraint is not None:  # a token the grammar forbids could not be accepted: no row for it
-            proposal = cfg.constraint.cut(proposal)
+        if cfg.constraint is not None:  # forced tokens in, forbidden ones out (decoding/constraint.py)
+            proposal = cfg.constraint.cut(proposal, limit - 1)
         length = len(proposal) + 1
         ids, bpos = padded([last, *proposal], pos, length if variable else block)
         before = target.seconds
