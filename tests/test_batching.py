@@ -83,6 +83,18 @@ def test_batched_sampling_equals_each_request_alone(logits_engine, mode):
     assert [r.tokens for r in together] == alone
 
 
+@pytest.mark.parametrize("mode", ["dflash", "hybrid"])
+def test_batched_constrained_answers_and_logprobs_equal_each_request_alone(logits_engine, mode):
+    """A grammar and logprobs ride along in a shared call: each request's rows are its own."""
+    from dflash_cli.decoding.constraint import ConstraintSpec
+
+    prompts = mixed_prompts(logits_engine.tokenizer.vocab_size, n=8, seed=4)
+    kw = {"mode": mode, "max_new_tokens": 16, "logprobs": 2, "constraint": ConstraintSpec("regex", "[a-f0-9 ]{4,40}")}
+    alone = [logits_engine.generate(p, **kw) for p in prompts]
+    together, _ = run_together(logits_engine, prompts, **kw)
+    assert [(r.tokens, r.logprobs) for r in together] == [(r.tokens, r.logprobs) for r in alone]
+
+
 def test_greedy_and_sampled_requests_share_calls(logits_engine):
     prompts = mixed_prompts(logits_engine.tokenizer.vocab_size, n=8, seed=5)
     settings = [{"temperature": 0.0}, {"temperature": 0.9, "seed": 3}] * 4
