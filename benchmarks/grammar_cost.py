@@ -70,13 +70,13 @@ def mask_costs(tokenizer, spec: ConstraintSpec, text: str, reps: int = 5) -> dic
     vocab = len(tokenizer)
     lltok = llguidance_tokenizer(tokenizer, vocab, [tokenizer.eos_token_id])
     t = time.perf_counter()
-    compile_constraint(spec, lltok, vocab)
+    compile_constraint(spec, lltok)
     compile_ms = (time.perf_counter() - t) * 1e3
     tokens = tokenizer.encode(text, add_special_tokens=False)
     row = np.random.default_rng(0).standard_normal(vocab).astype(np.float32)
     masked, advanced = [], []
     for _ in range(reps):
-        grammar = compile_constraint(spec, lltok, vocab)
+        grammar = compile_constraint(spec, lltok)
         for tok in tokens:
             t0 = time.perf_counter()
             grammar.masked(row)

@@ -35,8 +35,8 @@ class ConstraintSpec:
         """llguidance's grammar text for this spec."""
         from llguidance import LLMatcher
 
-        # JSON with one space after ':' and ',' and none elsewhere (a schema's own "x-guidance" may say otherwise):
-        # left free, a model can spend every token on whitespace before the first key.
+        # JSON without whitespace between its tokens (a schema's own "x-guidance" may say otherwise): left free, a
+        # model can spend every token on whitespace before the first key.
         compact = {"whitespace_flexible": False}
         if self.kind == "json_schema":
             return LLMatcher.grammar_from_json_schema(self.value, defaults=compact)
@@ -54,8 +54,8 @@ class ConstraintSpec:
 class Constraint:
     """One generation's grammar state: `pick` a token from a logits row, `cut` a proposal, `advance`."""
 
-    def __init__(self, matcher: Any, vocab: int) -> None:
-        self._matcher, self._vocab = matcher, vocab
+    def __init__(self, matcher: Any) -> None:
+        self._matcher = matcher
 
     def masked(self, row: np.ndarray) -> np.ndarray:
         """`row` with the tokens the grammar forbids next at -inf."""
@@ -90,7 +90,7 @@ class Constraint:
         return self._matcher.get_error().splitlines()[0] if self._matcher.get_error() else "no error message"
 
 
-def compile_constraint(spec: ConstraintSpec, lltokenizer: Any, vocab: int) -> Constraint:
+def compile_constraint(spec: ConstraintSpec, lltokenizer: Any) -> Constraint:
     """A fresh Constraint for one generation; a spec the library cannot compile is a GenerationError naming why.
     `lltokenizer`: llguidance_tokenizer's, built once per engine."""
     import llguidance
@@ -103,7 +103,7 @@ def compile_constraint(spec: ConstraintSpec, lltokenizer: Any, vocab: int) -> Co
     if matcher.is_error():
         why = " ".join(line.strip() for line in matcher.get_error().splitlines() if line.strip())[:300]
         raise GenerationError(f"the {spec.kind} cannot be compiled: {why}", hint="check its syntax")
-    return Constraint(matcher, vocab)
+    return Constraint(matcher)
 
 
 def llguidance_tokenizer(tokenizer: Any, vocab: int, eos_ids: list[int]) -> Any:

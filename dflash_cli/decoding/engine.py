@@ -286,7 +286,7 @@ class Engine:
         with self._lltokenizer_lock:
             if self._lltokenizer is None:
                 self._lltokenizer = llguidance_tokenizer(self.tokenizer, self.vocab_size, self.eos_token_ids)
-        return compile_constraint(spec, self._lltokenizer, self.vocab_size)
+        return compile_constraint(spec, self._lltokenizer)
 
     def generate(
         self,
