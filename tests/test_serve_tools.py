@@ -214,3 +214,52 @@ def test_a_tool_call_round_trip_with_the_openai_client(client, stream):
     answer = c.chat.completions.create(messages=messages, tool_choice="none", **kw)
     assert answer.choices[0].message.role == "assistant" and answer.choices[0].finish_reason in ("stop", "length")
     assert answer.usage.prompt_tokens > len(MESSAGES[0]["content"]) // 4
+
+
+def test_qwen3_xml_calls_are_parsed_with_their_schemas_types():
+    from dflash_cli.serve.tools import parse_calls
+
+    text = (
+        "let me add\n<tool_call>\n<function=add>\n<parameter=a>\n7\n</parameter>\n<parameter=b>\n2\n</parameter>\n"
+        "</function>\n</tool_call>\n<tool_call>\n<function=city>\n<parameter=name>\nRome\n</parameter>\n</function>\n"
+        "</tool_call>"
+    )
+    parsed = parse_calls(text, "qwen3_xml", [ADD, CITY])
+    assert parsed.content == "let me add"
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in parsed.calls] == [
+        ("add", {"a": 7, "b": 2}),
+        ("city", {"name": "Rome"}),
+    ]
+
+
+@pytest.mark.parametrize("choice", ["required", "city"])
+def test_a_required_qwen3_xml_call_equals_plain_in_every_mode_and_validates(engine, choice):
+    """Qwen3.5 / 3.6 / Qwen3-Next's format, constrained on the tiny pair (the grammar does not depend on the
+    model): every mode writes the same calls, and their arguments follow the tools' schemas."""
+    import jsonschema
+
+    from dflash_cli.serve.tools import ToolRequest, parse_calls
+
+    ids = engine.encode_chat(MESSAGES, None, [ADD, CITY])
+    spec = ToolRequest([ADD, CITY], choice, parallel=False, fmt="qwen3_xml").constraint()
+    runs = {
+        m: engine.generate(ids, mode=m, max_new_tokens=96, constraint=spec).tokens
+        for m in ("plain", "dflash", "lookup", "hybrid")
+    }
+    assert all(r == runs["plain"] for r in runs.values())
+    text = engine.decode([t for t in runs["plain"] if t not in engine.eos_token_ids])
+    calls = parse_calls(text, "qwen3_xml", [ADD, CITY]).calls
+    assert len(calls) == 1 and (choice == "required" or calls[0]["function"]["name"] == choice), text
+    tool = next(t for t in (ADD, CITY) if t["function"]["name"] == calls[0]["function"]["name"])
+    jsonschema.validate(json.loads(calls[0]["function"]["arguments"]), tool["function"]["parameters"])
+
+
+def test_a_qwen3_5_target_gets_its_own_call_format():
+    from types import SimpleNamespace
+
+    from dflash_cli.serve.intake import _tools_for
+    from dflash_cli.serve.tools import ToolRequest
+
+    req = SimpleNamespace(tools=ToolRequest([ADD], "required"), constraint=None)
+    assert _tools_for(SimpleNamespace(settings=SimpleNamespace(family="qwen3_5")), req) == [ADD]
+    assert req.tools.fmt == "qwen3_xml" and "<function=add>" in req.constraint.value

@@ -68,8 +68,8 @@ class Family:
     thinking_switch: bool = False
     # The template (harmony) takes `reasoning_effort` for its system line (run.reasoning_effort)
     reasoning_effort: bool = False
-    # How the model writes tool calls, which serve parses (serve/tools.py): "hermes" (JSON between <tool_call>
-    # and </tool_call>); None: serve refuses `tools` for this family
+    # How the model writes tool calls, which serve constrains and parses (serve/tool_formats.py): "hermes" or
+    # "qwen3_xml"; None: serve refuses `tools` for this family
     tool_call_format: str | None = None
 
     # --- QAIC (Qualcomm Cloud AI 100) -----------------------------------------------------------------

@@ -11,4 +11,5 @@ FAMILY = Family(
     int8_activations=False,
     vision=True,  # Qwen3_5ForConditionalGeneration's tower (on ONNX Runtime; QAIC builds the text path)
     mrope_model="transformers.models.qwen3_5.modeling_qwen3_5.Qwen3_5Model",
+    tool_call_format="qwen3_xml",
 )

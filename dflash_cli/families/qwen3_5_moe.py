@@ -12,4 +12,5 @@ FAMILY = Family(
     moe=True,
     vision=True,
     mrope_model="transformers.models.qwen3_5.modeling_qwen3_5.Qwen3_5Model",  # Qwen3.5's rope-index rule
+    tool_call_format="qwen3_xml",
 )

@@ -130,4 +130,5 @@ FAMILY = Family(
     moe=True,
     checkpoint_views=delta_views,
     hf_state=fused_state,
+    tool_call_format="qwen3_xml",
 )

@@ -152,12 +152,18 @@ def _tools_for(engine: Any, req: GenRequest) -> list[dict] | None:
     """The request's tools for the chat template, where this family's calls can be read back (serve/tools.py)."""
     if req.tools is None:
         return None
+    from dataclasses import replace
+
     from dflash_cli.families import family_named
 
-    if family_named(engine.settings.family).tool_call_format is None:
+    fmt = family_named(engine.settings.family).tool_call_format
+    if fmt is None:
         raise ApiError(
             f"tool calling is not supported for {engine.settings.family} targets yet",
             param="tools",
-            hint="Qwen3, Qwen3-MoE and Qwen3-VL targets take tools",
+            hint="Qwen3, Qwen3-MoE, Qwen3-VL, Qwen3.5 / 3.6 and Qwen3-Next targets take tools",
         )
+    req.tools = replace(req.tools, fmt=fmt)
+    if req.constraint is None:  # tool_choice required or named: calls in this family's format
+        req.constraint = req.tools.constraint()
     return req.tools.tools

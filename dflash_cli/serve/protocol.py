@@ -151,12 +151,11 @@ _NEUTRAL: dict[str, tuple] = {
 
 
 def _constraint(body: dict, tools: ToolRequest | None) -> ConstraintSpec | None:
-    """The request's output constraint: its own, or the grammar of a required tool call (not both)."""
+    """The request's own output constraint (a required tool call's cannot join it)."""
     own = read_constraint(body, ApiError)
-    required = tools.constraint() if tools is not None else None
-    if own is not None and required is not None:
+    if own is not None and tools is not None and tools.choice != "auto":
         raise ApiError("a required tool call and an output constraint cannot both apply", param="tool_choice")
-    return own or required
+    return own  # a required call's grammar is set at intake, in the target family's format
 
 
 def _logprobs(body: dict, kind: str) -> int | None:

@@ -211,7 +211,8 @@ class Scheduler:
         lp = _logprobs(engine, req, job, result)
         if req.tools is None:
             return Outcome(result, echoed + stream.text, finish_reason(result.stopped), lp)
-        parsed = tools.parse_calls(tools.cut(engine.decode(result.tokens), req.stop))
+        text = tools.cut(engine.decode(result.tokens), req.stop)
+        parsed = tools.parse_calls(text, req.tools.fmt, req.tools.tools)
         if not parsed.calls and len(parsed.content) > len(stream.text):  # a marker but no call: text after all
             job.emit("text", (parsed.content[len(stream.text) :], None))
         reason = "tool_calls" if parsed.calls else finish_reason(result.stopped)

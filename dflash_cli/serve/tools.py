@@ -2,8 +2,7 @@
 required, and the model's calls parsed out of its text into OpenAI's `tool_calls`.
 
 The target's own chat template renders the tools; the calls come back in its family's format (Family
-`tool_call_format`). "hermes" (Qwen3, Qwen3-MoE, Qwen3-VL): each call a JSON object {"name", "arguments"}
-between <tool_call> and </tool_call>. `tool_choice` "required" or a named function constrains the answer to
+`tool_call_format`, serve/tool_formats.py). `tool_choice` "required" or a named function constrains the answer to
 calls (of that function) whose arguments follow the tool's JSON schema (decoding/constraint.py), so every mode
 gives what constrained plain decoding gives; "auto" lets the model choose and parses what it wrote; "none"
 renders no tools.
@@ -12,15 +11,12 @@ renders no tools.
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 from dflash_cli.decoding.constraint import ConstraintSpec
-
-OPEN, CLOSE = "<tool_call>", "</tool_call>"  # the hermes format's markers
-_CALL = re.compile(re.escape(OPEN) + r"(.*?)" + re.escape(CLOSE), re.DOTALL)
+from dflash_cli.serve.tool_formats import CLOSE, OPEN, call_grammar, read_calls
 
 
 @dataclass(frozen=True)
@@ -28,30 +24,18 @@ class ToolRequest:
     tools: list[dict]  # OpenAI's [{"type": "function", "function": {name, description, parameters}}]
     choice: str  # "auto" | "required" | a function's name
     parallel: bool = True
+    fmt: str = "hermes"  # how the family writes calls (serve/tool_formats.py), set once the target is known
 
     @property
     def names(self) -> list[str]:
         return [t["function"]["name"] for t in self.tools]
 
     def constraint(self) -> ConstraintSpec | None:
-        """The grammar of a required call (any tool, or the named one); None for "auto"."""
+        """The grammar of a required call (any tool, or the named one) in this family's format; None for "auto"."""
         if self.choice == "auto":
             return None
         picked = [t["function"] for t in self.tools if self.choice in ("required", t["function"]["name"])]
-        calls = [
-            {
-                "type": "object",
-                "properties": {"name": {"const": f["name"]}, "arguments": f.get("parameters") or {"type": "object"}},
-                "required": ["name", "arguments"],
-                "additionalProperties": False,
-            }
-            for f in picked
-        ]
-        compact = {"x-guidance": {"whitespace_flexible": False}}  # as response_format's JSON (constraint.py)
-        schema = json.dumps({**compact, **calls[0]} if len(calls) == 1 else {**compact, "anyOf": calls})
-        call = f'"{OPEN}\\n" %json {schema} "\\n{CLOSE}"'
-        start = f"start: call ({json.dumps(chr(10))} call)*" if self.parallel else "start: call"
-        return ConstraintSpec("grammar", f"{start}\ncall: {call}\n")
+        return ConstraintSpec("grammar", call_grammar(self.fmt, picked, self.parallel))
 
 
 @dataclass
@@ -91,25 +75,18 @@ def read_tools(body: dict[str, Any], error: type[Exception]) -> ToolRequest | No
     return None if picked == "none" else ToolRequest(tools, picked, parallel)
 
 
-def parse_calls(text: str) -> ParsedCalls:
-    """The hermes format's calls out of `text`: a block whose JSON is not {"name": str, "arguments": object}
-    stays in the content, as the model wrote it."""
+def parse_calls(text: str, fmt: str = "hermes", tools: list[dict] | None = None) -> ParsedCalls:
+    """The calls out of `text` (serve/tool_formats.py): a block that is not a call stays in the content, as the
+    model wrote it; a call cut off by max_tokens is dropped."""
+    found, spans = read_calls(fmt, text, tools or [])
     calls, kept, at = [], [], 0
-    for m in _CALL.finditer(text):
-        try:
-            doc = json.loads(m.group(1))
-        except ValueError:
-            doc = None
-        ok = isinstance(doc, dict) and isinstance(doc.get("name"), str) and isinstance(doc.get("arguments"), dict)
-        if not ok:
-            continue
-        kept.append(text[at : m.start()])
-        at = m.end()
-        arguments = json.dumps(doc["arguments"], ensure_ascii=False)
-        function = {"name": doc["name"], "arguments": arguments}
+    for (name, args), (start, end) in zip(found, spans):
+        kept.append(text[at:start])
+        at = end
+        function = {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}
         calls.append({"id": "call_" + uuid.uuid4().hex[:24], "type": "function", "function": function})
     rest = text[at:]
-    if calls and rest.rfind(OPEN) > rest.rfind(CLOSE):  # a call cut off by max_tokens: not meant as text
+    if calls and rest.rfind(OPEN) > rest.rfind(CLOSE):
         rest = rest[: rest.rfind(OPEN)]
     kept.append(rest)
     return ParsedCalls("".join(kept).strip() if calls else text, calls)
