@@ -263,3 +263,16 @@ def test_a_qwen3_5_target_gets_its_own_call_format():
     req = SimpleNamespace(tools=ToolRequest([ADD], "required"), constraint=None)
     assert _tools_for(SimpleNamespace(settings=SimpleNamespace(family="qwen3_5")), req) == [ADD]
     assert req.tools.fmt == "qwen3_xml" and "<function=add>" in req.constraint.value
+
+
+def test_tools_beside_images_are_refused_not_dropped():
+    from types import SimpleNamespace
+
+    from dflash_cli.serve.intake import _encode
+    from dflash_cli.serve.protocol import ApiError
+    from dflash_cli.serve.tools import ToolRequest
+
+    image = [{"type": "image", "url": "file:///x.png", "where": "messages[0].content[0]"}]
+    req = SimpleNamespace(kind="chat", prompt=[{"role": "user", "content": image}], tools=ToolRequest([ADD], "auto"))
+    with pytest.raises(ApiError, match="tools with images"):
+        _encode(SimpleNamespace(), req)

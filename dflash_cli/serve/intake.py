@@ -105,6 +105,8 @@ class Intake:
 def _encode(engine: Any, req: GenRequest) -> list[int]:
     try:
         if req.kind == "chat" and any(isinstance(m["content"], list) for m in req.prompt):
+            if req.tools is not None:  # the image path renders no tools: refused, not dropped
+                raise ApiError("tools with images in one request are not supported yet", param="tools")
             ids, req.images = _encode_images(engine, req.prompt)
             return ids
         if req.kind == "chat":

@@ -170,12 +170,16 @@ class Scheduler:
         entries = [] if req.logprobs is not None else None  # the loop appends as it commits
         streamed = _StreamedLogprobs(engine, req, entries) if req.stream and entries is not None else None
 
+        at_call: list[bool] = []  # once the stream stops: whether at a call's marker (decided once)
+
         def on_commit(new: list[int]) -> str | None:
             delta = stream.push(new)
             fresh = streamed.take() if streamed is not None else None
             if delta or fresh:
                 job.emit("text", (delta, fresh))
-            if stream.stopped and not (req.tools and tools.held_at_call(engine.decode, stream)):
+            if stream.stopped and not at_call:
+                at_call.append(bool(req.tools) and tools.held_at_call(engine.decode, stream))
+            if stream.stopped and not at_call[0]:
                 return "stop_string"
             return "cancelled" if job.cancel.is_set() else None
 
