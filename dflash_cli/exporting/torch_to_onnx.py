@@ -53,7 +53,8 @@ def trace_template(
     (exporting/options.py)."""
     import onnxscript.rewriter.onnx_fusions
 
-    from dflash_cli.modeling import moe, moe_gathered, slot_cache
+    from dflash_cli.exporting.delta_scans import expand_scans
+    from dflash_cli.modeling import delta_scan, moe, moe_gathered, slot_cache
 
     seq = torch.export.Dim("seq_len", min=1, max=8192)
     past_len = torch.export.Dim("past_len", min=1, max=1 << 20)
@@ -81,10 +82,11 @@ def trace_template(
                 dynamic_shapes=dynamic,
                 optimize=False,  # folding needs values; it runs below, once weights are lazily readable
                 verbose=False,
-                # mixture-of-experts MLPs; the K/V writes of a cache of several sequences
+                # mixture-of-experts MLPs; the K/V writes of a cache of several sequences; the delta rule row by row
                 custom_translation_table={
                     **(moe_gathered if moe_ops == "gathered" else moe).onnx_translations(),
                     **slot_cache.onnx_translations(),
+                    **delta_scan.onnx_translations(),
                 },
             )
         except Exception as exc:  # the exporter's own error text is the useful part
@@ -93,6 +95,7 @@ def trace_template(
                 hint="DFLASH_DEBUG=1 shows the traceback",
             ) from exc
     model = program.model
+    expand_scans(model)  # a hybrid target's delta rule, one row at a time
     by_graph_name = {}
     for value in model.graph.initializers.values():
         name = value.name.removeprefix(WRAPPER_PREFIX)

@@ -46,12 +46,6 @@ class Family:
     # module's tensors (a state dict) and the Hugging Face config: the same tensors in the checkpoint's layout
     hf_state: Callable[[dict[str, Any], Any], dict[str, Any]] | None = None
 
-    # --- ONNX Runtime compile --------------------------------------------------------------------------
-    # Activations may be quantised to int8: compile.ort.accuracy_level defaults to 4 and precision w8a8 is
-    # allowed. Not where a position's features round differently in calls of other lengths (a hybrid's delta
-    # rule in block form): quantised, that last-bit difference becomes other tokens (stages/compile.py).
-    int8_activations: bool = True
-
     # --- images ---------------------------------------------------------------------------------------
     # Images in, where the checkpoint has a vision tower: its graph and a language model taking its features
     # (modeling/vl_target.py, gemma4_target.py, hybrid_target.py); a QAIC build keeps the text path only

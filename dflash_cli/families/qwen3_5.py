@@ -8,7 +8,6 @@ FAMILY = Family(
     default_mask_token_id=248070,
     model_types=("qwen3_5", "qwen3_5_text"),
     hybrid=True,
-    int8_activations=False,
     vision=True,  # Qwen3_5ForConditionalGeneration's tower (on ONNX Runtime; QAIC builds the text path)
     mrope_model="transformers.models.qwen3_5.modeling_qwen3_5.Qwen3_5Model",
     tool_call_format="qwen3_xml",

@@ -8,7 +8,6 @@ FAMILY = Family(
     default_mask_token_id=248070,
     model_types=("qwen3_5_moe", "qwen3_5_moe_text"),
     hybrid=True,
-    int8_activations=False,
     moe=True,
     vision=True,
     mrope_model="transformers.models.qwen3_5.modeling_qwen3_5.Qwen3_5Model",  # Qwen3.5's rope-index rule

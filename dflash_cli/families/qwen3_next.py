@@ -126,7 +126,6 @@ FAMILY = Family(
     qk_norm=True,
     default_mask_token_id=151669,  # Qwen3's vocabulary, and the Qwen3 drafts' mask token
     hybrid=True,
-    int8_activations=False,  # the delta rule in block form (family.py)
     moe=True,
     checkpoint_views=delta_views,
     hf_state=fused_state,

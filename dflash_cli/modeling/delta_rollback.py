@@ -23,15 +23,21 @@ from __future__ import annotations
 
 import torch
 
+from dflash_cli.modeling.delta_scan import delta_fold, delta_rows
 from dflash_cli.modeling.gated_delta import GatedDeltaLayer, _intra_block
 
 
 class RollbackDeltaLayer(GatedDeltaLayer):
-    """GatedDeltaLayer whose call takes the base states and pending rows of the call before it."""
+    """GatedDeltaLayer whose call takes the base states and pending rows of the call before it.
+
+    `row_by_row` (the variable-length graph ONNX Runtime runs): the recurrence and the fold run one row at a
+    time (delta_scan.py), so a position's outputs and states do not depend on its call's length; else (the
+    static graphs an accelerator compiles, where ONNX Scan is not an allowed op) in block form."""
 
     def __init__(self, config, squarings: int | None = None) -> None:
         super().__init__(config)
         self.squarings = squarings
+        self.row_by_row = False
 
     @property
     def row_width(self) -> int:
@@ -55,6 +61,11 @@ class RollbackDeltaLayer(GatedDeltaLayer):
 
     def _fold(self, conv, state, qkv, k, u, g, take):
         """(conv, state) after the rows `take` [B, R] (bool, a prefix of the rows) of (qkv, k, u, g)."""
+        return self._fold_conv(conv, qkv, take), self._fold_state(state, k, u, g, take)
+
+    def _fold_state(self, state, k, u, g, take):
+        if self.row_by_row:
+            return delta_fold(state, k, u, g, take)
         m = take[:, None, :]
         g = torch.where(m, g, 0.0)
         k = torch.where(m[..., None], k, 0.0)
@@ -63,12 +74,14 @@ class RollbackDeltaLayer(GatedDeltaLayer):
         cum = g.cumsum(-1)
         total = cum[..., -1:]  # [B, Hv, 1]
         after = total - cum  # per row: the gates of the folded rows after it (<= 0: exp stays within 1)
-        state = total.exp()[..., None] * state + (k * after.exp()[..., None]).transpose(-1, -2) @ u
+        return total.exp()[..., None] * state + (k * after.exp()[..., None]).transpose(-1, -2) @ u
+
+    def _fold_conv(self, conv, qkv, take):
+        """The conv state after the rows `take`: the window's columns count .. count+K-2."""
         count = take.to(torch.int64).cumsum(-1)[:, -1:]  # [B, 1]
         window = torch.cat([conv, qkv.transpose(1, 2).to(conv.dtype)], dim=-1)  # [B, conv_dim, K-1+R]
         idx = count + torch.arange(self.kernel - 1, device=conv.device)[None]  # [B, K-1]
-        conv = window.gather(2, idx[:, None, :].expand(window.shape[0], window.shape[1], self.kernel - 1))
-        return conv, state
+        return window.gather(2, idx[:, None, :].expand(window.shape[0], window.shape[1], self.kernel - 1))
 
     def step(self, x, valid, fresh, commit, fold, pick, conv, state, rows):
         """One call. x [B, T, hidden]; valid [B, T] (real rows); fresh [B, 1] (the sequence's first call: the
@@ -84,9 +97,12 @@ class RollbackDeltaLayer(GatedDeltaLayer):
         conv, state = self._fold(conv, state, *self._unpack(rows), commit)
 
         q, k, v, g, beta, z, window = self._inputs(x, conv, valid)
-        cum, decay, w, y = _intra_block(k, v, g, beta, self.squarings)
-        u = y - w @ state
-        core = (q * cum.exp()[..., None]) @ state + ((q @ k.transpose(-1, -2)) * decay) @ u
+        if self.row_by_row:
+            core, u = delta_rows(state, q, k, v, g, beta)
+        else:
+            cum, decay, w, y = _intra_block(k, v, g, beta, self.squarings)
+            u = y - w @ state
+            core = (q * cum.exp()[..., None]) @ state + ((q @ k.transpose(-1, -2)) * decay) @ u
         out = self._output(core, z, x.dtype)
         qkv = window[:, :, self.kernel - 1 :].transpose(1, 2)  # this call's raw conv inputs [B, T, conv_dim]
         new_rows = self._pack(qkv, k, u, g)

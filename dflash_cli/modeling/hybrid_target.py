@@ -201,11 +201,13 @@ class HybridCacheTarget(nn.Module):
 
     def use_prefix_cache(self, on: bool = True) -> None:
         """The ONNX Runtime form: attention layers as StaticCacheTarget.use_prefix_cache; linear layers keep
-        every row of a call pending."""
+        every row of a call pending and run the delta rule row by row (exact whatever the call's length)."""
         self.prefix_cache = on
         for layer in self.model.layers:
             if layer.kind != LINEAR:
                 layer.self_attn.prefix_cache = on
+            else:
+                layer.linear_attn.row_by_row = on
 
     def _rows_kept(self) -> int | None:
         return None if self.prefix_cache else self.keep_rows

@@ -70,12 +70,12 @@ class OrtConfig(_Section):
     # int8 / int4: weight-only MatMulNBits (block-wise scales along K), so every position's output is
     # independent of the other tokens in the call and greedy speculative decoding stays lossless.
     # w8a8: int8 weights (a scale per column) times each activation row quantised on its own, summed as
-    # integers (ortcompile/rows_product.py): exact at any call length, verify rows cost less; not hybrid targets.
+    # integers (ortcompile/rows_product.py): exact at any call length, verify rows cost less.
     precision: Literal["fp32", "int8", "int4", "w8a8"] = "fp32"
     block_size: Literal[16, 32, 64, 128, 256] = 32  # quantisation block along K for int8 / int4 (w8a8: tables)
     # MatMulNBits' compute for int8 / int4: 4 = int8 dot products on activations quantised per row and block
-    # (positions stay independent), 0 = fp32; None: the family's default (Recipe.ort_accuracy_level).
-    accuracy_level: Literal[0, 4] | None = None
+    # (positions stay independent), 0 = fp32.
+    accuracy_level: Literal[0, 4] = 4
     intra_op_threads: int = Field(default=0, ge=0)  # 0 = ONNX Runtime's default
     graph_optimization: Literal["disable", "basic", "extended", "all"] = "all"
     provider: Literal["auto", "cpu", "cuda"] = "auto"
@@ -219,20 +219,9 @@ class Recipe(_Section):
                 f"({slot_cache}), not {self.family}; leave it at 1"
             )
         ort = self.compile.ort
-        if ort.precision == "w8a8" and not FAMILIES[self.family].int8_activations:
-            raise ValueError(
-                f"compile.ort.precision w8a8 quantises activations, which {self.family} cannot take losslessly (its "
-                "features round differently in calls of other lengths); use int8 or int4 with accuracy_level 0"
-            )
         if ort.precision == "w8a8" and self.export.dtype != "fp32":
             raise ValueError("compile.ort.precision w8a8 computes on fp32 activations; set export.dtype fp32")
         return self
-
-    def ort_accuracy_level(self) -> int:
-        """compile.ort.accuracy_level, or its family's default: 4 (int8 dot products), 0 (fp32) for a family
-        whose activations cannot be quantised (families/family.py `int8_activations`)."""
-        level = self.compile.ort.accuracy_level
-        return level if level is not None else (4 if FAMILIES[self.family].int8_activations else 0)
 
     @property
     def overrides(self) -> tuple[str, ...]:

@@ -41,7 +41,7 @@ class CompileStage:
             fields["fuse_attention"] = c.ort.fuse_attention
         if c.ort.precision != "fp32":
             fields["block_size"] = c.ort.block_size
-            fields["accuracy_level"] = recipe.ort_accuracy_level()
+            fields["accuracy_level"] = c.ort.accuracy_level
         return fields
 
     def run(self, ctx: StageContext) -> dict[str, Any]:

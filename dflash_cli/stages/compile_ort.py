@@ -53,20 +53,13 @@ def _link_export(src: Path, out: Path, info: dict, precision: str) -> None:
 
 def _quantise_graphs(ctx: StageContext, src: Path, out: Path, info: dict, facts: dict) -> None:
     from dflash_cli.exporting.weight_sources import SourceReader
-    from dflash_cli.families import family_named
     from dflash_cli.ortcompile.quantize import quantize_graph
 
     ort_cfg = ctx.recipe.compile.ort
     precision = ort_cfg.precision
     bits = 4 if precision == "int4" else 8  # w8a8: its tables and experts are int8 blocks
     facts["block_size"] = ort_cfg.block_size
-    level = facts["accuracy_level"] = ctx.recipe.ort_accuracy_level()
-    if level and not family_named(ctx.recipe.family).int8_activations:
-        ctx.progress(
-            "warning: compile.ort.accuracy_level=4 quantises activations to int8, which turns the delta rule's "
-            "last-bit rounding (it differs between call lengths) into other tokens: greedy DFlash may leave "
-            "greedy plain decoding; leave accuracy_level unset (0 for this family) to keep it lossless"
-        )
+    level = facts["accuracy_level"] = ort_cfg.accuracy_level
     form = (
         "w8a8 (int8 weights, each activation row quantised on its own)"
         if precision == "w8a8"
