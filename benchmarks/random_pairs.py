@@ -427,7 +427,9 @@ def qwen3_5_shapes(top: dict) -> dict[str, tuple[int, ...]]:
     shapes[p + "norm.weight"] = (H,)
     if not c["tie_word_embeddings"]:
         shapes["lm_head.weight"] = (V, H)
-    shapes |= {"model.visual.patch_embed.proj.weight": (1152, 3, 2, 16, 16), "mtp.norm.weight": (H,)}
+    # No vision tower (convert then builds the text path; a part of one would be a truncated checkpoint); an MTP
+    # tensor, which convert leaves out.
+    shapes |= {"mtp.norm.weight": (H,)}
     return shapes
 
 

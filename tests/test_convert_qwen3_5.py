@@ -64,3 +64,18 @@ def test_other_layer_kinds_are_refused(pair: TinyPair, tmp_path: Path) -> None:
     message = str(exc.value)
     assert "target layer 1 is 'sliding_attention' (window 32)" in message
     assert "only full and linear attention is supported" in message
+
+
+def test_a_multimodal_config_without_its_tower_builds_the_text_path(tmp_path: Path) -> None:
+    """A checkpoint saved in the multimodal layout but without the vision tower's tensors: no tower to export."""
+    from safetensors.torch import load_file, save_file
+
+    copy = make_pair(tmp_path / "src", "qwen3_5").copy_to(tmp_path / "pair")
+    for path in copy.target_dir.glob("*.safetensors"):
+        tensors = load_file(str(path))
+        save_file({k: v for k, v in tensors.items() if not k.startswith("model.visual.")}, str(path))
+    _convert(copy, tmp_path / "out")
+    assert not (tmp_path / "out" / "target" / "vision_config.json").exists()
+    with_tower = make_pair(tmp_path / "src2", "qwen3_5_images")
+    _convert(with_tower, tmp_path / "out2")
+    assert (tmp_path / "out2" / "target" / "vision_config.json").is_file()

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from dflash_cli.checkpoints.weights import WeightStore
+from dflash_cli.errors import CheckpointError
 from dflash_cli.exporting import weight_sources
 from dflash_cli.exporting.external_data import Initializer, WrittenTensors
 from dflash_cli.exporting.options import ExportOptions, PairShape
@@ -324,7 +325,12 @@ def weight_initializers(
             where = weight_sources.stack_origin(store, key, str(dtype).removeprefix("torch."), cut)
             out[name] = Initializer(name, identity, _reader(store, key, dtype, cut, tuple(param.shape)), where)
             continue
-        ref = store.refs[key]
+        ref = store.refs.get(key)
+        if ref is None:
+            raise CheckpointError(
+                f"the checkpoint in {store.root} has no tensor {key}",
+                hint="a truncated or partial checkpoint: download it again (every shard)",
+            )
         st = os.stat(store.root / ref.file)
         identity = (st.st_dev, st.st_ino, ref.key, str(dtype), cut)
         where = weight_sources.origin(store.root / ref.file, ref.key, str(dtype).removeprefix("torch."), cut)

@@ -23,7 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from dflash_cli.checkpoints import locate as ckpt
-from dflash_cli.checkpoints.text_path import VISION_CONFIG_FILE, text_config, text_weights, vision_config
+from dflash_cli.checkpoints.text_path import (
+    VISION_CONFIG_FILE,
+    VISION_PREFIXES,
+    text_config,
+    text_weights,
+    vision_config,
+)
 from dflash_cli.checkpoints.weights import WeightStore, link_or_copy, write_index
 from dflash_cli.errors import CheckpointError
 from dflash_cli.modeling.dflash2_config import refuse_unread
@@ -133,8 +139,11 @@ def describe(recipe: Any) -> Described:
         refuse_unread(draft_cfg, str(draft_dir / ckpt.CONFIG_FILE))  # a field we would otherwise ignore: by name
     _check_tokenizer(target_dir)
     images = _family_has(target_cfg.get("model_type"), "vision") and takes_images(recipe)
-    vision = vision_config(raw_target_cfg) if images else None
-    target = text_weights(WeightStore.open(target_dir), with_vision=vision is not None)
+    store = WeightStore.open(target_dir)
+    # A multimodal config over a checkpoint without the tower's tensors (saved text-only): its text path.
+    has_tower = any(name.startswith(VISION_PREFIXES) for name in store.refs)
+    vision = vision_config(raw_target_cfg) if images and has_tower else None
+    target = text_weights(store, with_vision=vision is not None)
     if EMBED_KEY not in target:
         raise CheckpointError(
             f"target weights have no {EMBED_KEY}", hint="point target.path at a Hugging Face causal LM checkpoint"
