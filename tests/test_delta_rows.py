@@ -1,4 +1,4 @@
-"""The delta rule row by row (modeling/delta_scan.py, exporting/delta_scans.py): the same numbers as the block
+"""The delta rule row by row (modeling/delta_scan.py, exporting/row_scans.py): the same numbers as the block
 form, and in ONNX Runtime a row of a long call is bit-equal to a one-token call from the same state, as is
 the state after folding the rows a verify accepted to the state after one-token calls."""
 
@@ -57,7 +57,7 @@ class _Call(torch.nn.Module):
 @pytest.fixture(scope="module")
 def scan_session(tmp_path_factory):
     """_Call exported as the build exports it (custom ops, then Scans), in an ONNX Runtime session."""
-    from dflash_cli.exporting.delta_scans import expand_scans
+    from dflash_cli.exporting.row_scans import expand_scans
     from dflash_cli.modeling import delta_scan
 
     t, r = torch.export.Dim("t", min=1, max=64), torch.export.Dim("r", min=1, max=64)

@@ -53,8 +53,8 @@ def trace_template(
     (exporting/options.py)."""
     import onnxscript.rewriter.onnx_fusions
 
-    from dflash_cli.exporting.delta_scans import expand_scans
-    from dflash_cli.modeling import delta_scan, moe, moe_gathered, slot_cache
+    from dflash_cli.exporting.row_scans import expand_scans
+    from dflash_cli.modeling import delta_scan, moe, moe_gathered, row_attention, slot_cache
 
     seq = torch.export.Dim("seq_len", min=1, max=8192)
     past_len = torch.export.Dim("past_len", min=1, max=1 << 20)
@@ -87,6 +87,7 @@ def trace_template(
                     **(moe_gathered if moe_ops == "gathered" else moe).onnx_translations(),
                     **slot_cache.onnx_translations(),
                     **delta_scan.onnx_translations(),
+                    **row_attention.onnx_translations(),
                 },
             )
         except Exception as exc:  # the exporter's own error text is the useful part

@@ -32,6 +32,7 @@ from dflash_cli.modeling.layers import (
     write_cache,
 )
 from dflash_cli.modeling.moe import SparseMoe, sparse_layers
+from dflash_cli.modeling.row_attention import row_attention
 from dflash_cli.modeling.target import _Fusion
 
 LINEAR = "linear_attention"
@@ -113,12 +114,14 @@ class GatedAttention(nn.Module):
         k = self.k_norm(self.k_proj(x).view(b, s, self.kv_heads, self.head_dim)).transpose(1, 2)
         v = self.v_proj(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_partial_rope(q, cos, sin), apply_partial_rope(k, cos, sin)
-        if self.prefix_cache:
+        if self.prefix_cache:  # ONNX Runtime: each row over the slots it sees (exact at any call length)
             (new_k, keep_k), (new_v, keep_v) = append_cache(past_k, k), append_cache(past_v, v)
+            out = row_attention(q, new_k, new_v, positions, self.head_dim**-0.5).transpose(1, 2).reshape(b, s, -1)
         else:
             new_k = keep_k = write_cache(past_k, positions, k)
             new_v = keep_v = write_cache(past_v, positions, v)
-        out = grouped_attention(q, new_k, new_v, visible) * torch.sigmoid(gate.reshape(b, s, -1))
+            out = grouped_attention(q, new_k, new_v, visible)
+        out = out * torch.sigmoid(gate.reshape(b, s, -1))
         return self.o_proj(out), keep_k, keep_v
 
 
@@ -200,8 +203,9 @@ class HybridCacheTarget(nn.Module):
         return [rope, torch.zeros(b, s, self.spec.hidden, dtype=dtype), torch.zeros(b, s, dtype=dtype)]
 
     def use_prefix_cache(self, on: bool = True) -> None:
-        """The ONNX Runtime form: attention layers as StaticCacheTarget.use_prefix_cache; linear layers keep
-        every row of a call pending and run the delta rule row by row (exact whatever the call's length)."""
+        """The ONNX Runtime form: attention layers take the filled slots as StaticCacheTarget.use_prefix_cache
+        and attend row by row; linear layers keep every row of a call pending and run the delta rule row by
+        row (both exact whatever the call's length)."""
         self.prefix_cache = on
         for layer in self.model.layers:
             if layer.kind != LINEAR:

@@ -1,8 +1,10 @@
-"""The exported `dflash.delta` nodes (modeling/delta_scan.py) as ONNX `Scan`s over the row axis.
+"""The exported `dflash.delta` nodes as ONNX `Scan`s over a call's rows: every row computed on tensors of one
+row's shape, so a row of a long call gives what a one-token call gives, bit for bit.
 
-Both bodies write the state update as the same nodes, Mul(state, exp(g)) then Add of the outer product
-k u^T (one product per entry: nothing to sum), on tensors of one row's shape: a row of a long call, a
-one-token call and a fold at the next call give the same bits.
+DeltaRows / DeltaFold (modeling/delta_scan.py): both bodies write the state update as the same nodes,
+Mul(state, exp(g)) then Add of the outer product k u^T (one product per entry: nothing to sum), so a fold
+at the next call repeats a row's update exactly. RowAttention (modeling/row_attention.py): each row reads
+K and V from the outer graph, sliced to the slots it sees.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import itertools
 from dflash_cli.modeling.delta_scan import DOMAIN
 
 _ROW_AXIS = 2  # q, k, v, u [B, Hv, T, d] and g, beta [B, Hv, T]
-_TAKE_AXIS = 1  # take [B, R]
+_TAKE_AXIS = 1  # take [B, R], positions [B, T]
 
 
 def _update(n, s_in: str, p: str) -> tuple[list, list]:
@@ -81,6 +83,41 @@ def fold_body(p: str):
     return helper.make_graph([*_axes(p), *decay, *write, *keep], p + "fold", ins, outs)
 
 
+def attention_body(node, p: str):
+    """The RowAttention `node`'s body (onnx_ir, reading its K and V from the outer graph): one query row
+    q [b, h, d] at position pos [b] -> [b, h, d] over slots 0 .. pos (batch 1: the slice is row 0's)."""
+    import numpy as np
+    import onnx_ir as ir
+
+    q_in, k, v, pos_in = node.inputs
+    h, d = q_in.shape[1], q_in.shape[3]
+    kvh = k.shape[1]
+    elem = q_in.type
+    nodes = []
+
+    def add(op, inputs, **attrs):
+        made = ir.node(op, inputs, attributes=attrs, name=f"{p}{op}{len(nodes)}")
+        nodes.append(made)
+        return made.outputs[0]
+
+    def const(values, dtype=np.int64):
+        return add("Constant", [], value=ir.tensor(np.asarray(values, dtype=dtype)))
+
+    q = ir.Value(name=p + "q", type=elem)
+    pos = ir.Value(name=p + "pos", type=ir.TensorType(ir.DataType.INT64))
+    grouped = add("Reshape", [q, const([0, kvh, h // kvh, d])])
+    first = add("Slice", [pos, const([0]), const([1])])  # [1]: the sequence's (batch 1) position
+    end = add("Add", [add("Max", [first, const([0])]), const([1])])
+    zero, axis = const([0]), const([2])
+    keys = add("Slice", [k, zero, end, axis])
+    values = add("Slice", [v, zero, end, axis])
+    scores = add("MatMul", [grouped, add("Transpose", [keys], perm=[0, 1, 3, 2])])
+    scale = add("CastLike", [const(node.attributes["scale"].as_float(), np.float32), scores])
+    probs = add("Softmax", [add("Mul", [scores, scale])], axis=-1)
+    out = add("Reshape", [add("MatMul", [probs, values]), const([0, h, d])])
+    return ir.Graph([q, pos], [out], nodes=nodes, name=p + "attention")
+
+
 def expand_scans(model) -> int:
     """Replace every `dflash.delta` node of the onnx_ir `model`'s main graph by its Scan; returns how many."""
     import onnx_ir as ir
@@ -91,18 +128,22 @@ def expand_scans(model) -> int:
         if node.domain != DOMAIN:
             continue
         p = f"delta_scan{next(count)}/"
+        inputs = list(node.inputs)
         if node.op_type == "DeltaRows":
-            body, axes, outs, n_out = rows_body(p), [_ROW_AXIS] * 5, [_ROW_AXIS] * 2, 3
+            body, axes, outs, n_out = ir.from_proto(rows_body(p)), [_ROW_AXIS] * 5, [_ROW_AXIS] * 2, 3
         elif node.op_type == "DeltaFold":
-            body, axes, outs, n_out = fold_body(p), [_ROW_AXIS] * 3 + [_TAKE_AXIS], [], 1
+            body, axes, outs, n_out = ir.from_proto(fold_body(p)), [_ROW_AXIS] * 3 + [_TAKE_AXIS], [], 1
+        elif node.op_type == "RowAttention":  # q [b, h, s, d] and positions [b, s] scanned; K, V read whole
+            body, axes, outs, n_out = attention_body(node, p), [_ROW_AXIS, _TAKE_AXIS], [_ROW_AXIS], 1
+            inputs = [inputs[0], inputs[3]]
         else:
             raise ValueError(f"unknown {DOMAIN} op {node.op_type}")
         scan = ir.Node(
             "",
             "Scan",
-            inputs=list(node.inputs),
+            inputs=inputs,
             attributes=[
-                ir.AttrGraph("body", ir.from_proto(body)),
+                ir.AttrGraph("body", body),
                 ir.AttrInt64("num_scan_inputs", len(axes)),
                 ir.AttrInt64s("scan_input_axes", axes),
                 *([ir.AttrInt64s("scan_output_axes", outs)] if outs else []),
@@ -111,7 +152,7 @@ def expand_scans(model) -> int:
             name=p + "scan",
         )
         graph.insert_before(node, scan)
-        new = scan.outputs[1:] if node.op_type == "DeltaRows" else scan.outputs
+        new = scan.outputs[1:] if node.op_type == "DeltaRows" else scan.outputs  # not the rows' final state
         for old, value in zip(node.outputs, new):
             name, old.name = old.name, None
             value.name, value.shape, value.type = name, old.shape, old.type
