@@ -339,6 +339,8 @@ PAIRS = {
     # side by side in this machine's memory and disk
     "qwen3-8b-8l": (_qwen3(4096, 8, 32, 12288, False), QWEN3_SPECIAL, 5, 12288, 16, 151669, [1, 2, 3, 4, 5]),
     "qwen3.5-9b-8l": (_qwen3_5(4096, 12288, False, 8), QWEN35_SPECIAL, 5, 12288, 16, 248070, [1, 2, 3, 4, 5]),
+    # and 4 (3 Gated DeltaNet, 1 full attention): the difference is what 4 layers cost, for projecting to 32
+    "qwen3.5-9b-4l": (_qwen3_5(4096, 12288, False, 4), QWEN35_SPECIAL, 5, 12288, 16, 248070, [0, 1, 2, 3]),
     # 4 of Qwen3-Coder-30B-A3B's 48 layers at their real widths (the whole is 61 GB of bf16, more than this disk)
     "qwen3-coder-30b-a3b-4l": (_qwen3_moe(4), QWEN3_SPECIAL, 5, 6144, 16, 151669, [0, 1, 2, 3]),
     # gpt-oss-20b whole (an int8/int4 build's export stores no weights), and 4 of its 24 layers

@@ -58,29 +58,33 @@ def rows_body(p: str):
         n("Unsqueeze", [p + "q", p + "ax2"], [p + "qrow"]),
         n("MatMul", [p + "qrow", p + "s"], [p + "o4"]),
         n("Squeeze", [p + "o4", p + "ax2"], [p + "o"]),
-        n("Identity", [p + "s"], [p + "s_out"]),
     ]
     ins = [helper.make_tensor_value_info(p + x, TensorProto.FLOAT, None) for x in ("s_in", "q", "k", "v", "g", "beta")]
-    outs = [helper.make_tensor_value_info(p + x, TensorProto.FLOAT, None) for x in ("s_out", "o", "u")]
+    outs = [helper.make_tensor_value_info(p + x, TensorProto.FLOAT, None) for x in ("s", "o", "u")]
     return helper.make_graph([*_axes(p), *decay, *mem, *write, *read], p + "rows", ins, outs)
 
 
 def fold_body(p: str):
-    """(state, k, u, g, take) -> state after the row if taken, else as it was."""
+    """(state, k, u, g, take) -> state after the row if taken, else as it was: a row not taken gets g = 0 and
+    u = 0, so the update is state * 1 + k 0^T, the state itself (masking the row's vectors, not the state, reads
+    and writes the state once less)."""
     from onnx import TensorProto, helper
 
     n = helper.make_node
     decay, write = _update(n, p + "s_in", p)
-    keep = [
-        n("Constant", [], [p + "ax123"], value_ints=[1, 2, 3]),
-        n("Unsqueeze", [p + "take", p + "ax123"], [p + "take4"]),
-        n("Where", [p + "take4", p + "s", p + "s_in"], [p + "s_out"]),
+    masks = [
+        n("Constant", [], [p + "zero"], value_float=0.0),
+        n("Constant", [], [p + "ax1"], value_ints=[1]),
+        n("Unsqueeze", [p + "take", p + "ax1"], [p + "take2"]),
+        n("Unsqueeze", [p + "take2", p + "ax2"], [p + "take3"]),
+        n("Where", [p + "take2", p + "g_in", p + "zero"], [p + "g"]),
+        n("Where", [p + "take3", p + "u_in", p + "zero"], [p + "u"]),
     ]
     f = TensorProto.FLOAT
-    ins = [helper.make_tensor_value_info(p + x, f, None) for x in ("s_in", "k", "u", "g")]
+    ins = [helper.make_tensor_value_info(p + x, f, None) for x in ("s_in", "k", "u_in", "g_in")]
     ins.append(helper.make_tensor_value_info(p + "take", TensorProto.BOOL, None))
-    outs = [helper.make_tensor_value_info(p + "s_out", f, None)]
-    return helper.make_graph([*_axes(p), *decay, *write, *keep], p + "fold", ins, outs)
+    outs = [helper.make_tensor_value_info(p + "s", f, None)]
+    return helper.make_graph([*_axes(p), *masks, *decay, *write], p + "fold", ins, outs)
 
 
 def attention_body(node, p: str):
