@@ -152,9 +152,9 @@ def main() -> None:
                 entry = one_build(family, precision, Path(tmp), args)
                 doc["builds"][f"{family} {precision}"] = entry
                 print(f"{family} {precision}: {json.dumps(entry)}", flush=True)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(doc, indent=2) + "\n")
+                if args.out:  # after every build: what is done stays written
+                    args.out.parent.mkdir(parents=True, exist_ok=True)
+                    args.out.write_text(json.dumps(doc, indent=2) + "\n")
 
 
 if __name__ == "__main__":
