@@ -48,10 +48,10 @@ def test_row_by_row_equals_the_block_form() -> None:
 class _Call(torch.nn.Module):
     """One call of a linear layer's recurrence: fold the pending rows taken, then run the call's rows."""
 
-    def forward(self, state, pk, pu, pg, take, q, k, v, g, beta):
+    def forward(self, state, pk, pu, pg, take, q, k, v, a, b, rate, valid):
         state = delta_fold(state, pk, pu, pg, take)
-        o, u = delta_rows(state, q, k, v, g, beta)
-        return o, u, state
+        o, u, g = delta_rows(state, q, k, v, a, b, rate, valid)
+        return o, u, state, g
 
 
 @pytest.fixture(scope="module")
@@ -62,13 +62,13 @@ def scan_session(tmp_path_factory):
 
     t, r = torch.export.Dim("t", min=1, max=64), torch.export.Dim("r", min=1, max=64)
     example = _inputs(np.random.default_rng(0), 3, 4)
-    dims = [None, {2: r}, {2: r}, {2: r}, {1: r}, {2: t}, {2: t}, {2: t}, {2: t}, {2: t}]
+    dims = [None, {2: r}, {2: r}, {2: r}, {1: r}, {2: t}, {2: t}, {2: t}, {2: t}, {2: t}, None, {1: t}]
     program = torch.onnx.export(
         _Call(),
         tuple(torch.from_numpy(a) for a in example),
         dynamo=True,
         input_names=list(NAMES),
-        output_names=["o", "u", "state_out"],
+        output_names=["o", "u", "state_out", "g"],
         dynamic_shapes=dims,
         custom_translation_table=delta_scan.onnx_translations(),
         optimize=False,
@@ -82,7 +82,7 @@ def scan_session(tmp_path_factory):
     return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 
 
-NAMES = ("state", "pk", "pu", "pg", "take", "q", "k", "v", "g", "beta")
+NAMES = ("state", "pk", "pu", "pg", "take", "q", "k", "v", "a", "b", "rate", "valid")
 
 
 def _inputs(rng, pending: int, rows: int) -> list[np.ndarray]:
@@ -101,8 +101,10 @@ def _inputs(rng, pending: int, rows: int) -> list[np.ndarray]:
         unit(f(1, HEADS, rows, DK)),
         unit(f(1, HEADS, rows, DK)),
         f(1, HEADS, rows, DV),
-        -np.abs(f(1, HEADS, rows)),
-        1.0 / (1.0 + np.exp(-f(1, HEADS, rows))),
+        f(1, HEADS, rows),
+        f(1, HEADS, rows),
+        -np.exp(f(HEADS)),
+        np.arange(rows)[None] < rows - 1 if rows > 2 else np.ones((1, rows), bool),  # a padding row last
     ]
 
 
@@ -110,13 +112,16 @@ def test_a_verify_equals_one_token_calls_bit_for_bit(scan_session) -> None:
     """A call of ROWS rows, then the same rows one call each, each folding the row before it: every row's
     output and correction, and the state after folding any number of accepted rows, are the same bits."""
     feeds = dict(zip(NAMES, _inputs(np.random.default_rng(1), 3, ROWS)))
-    o, u, base = scan_session.run(None, feeds)
-    k, g = feeds["k"], feeds["g"]
+    o, u, base, g = scan_session.run(None, feeds)
+    k = feeds["k"]
     step = dict(feeds)
     for t in range(ROWS):
-        step.update({n: feeds[n][:, :, t : t + 1] for n in ("q", "k", "v", "g", "beta")})
-        o1, u1, state = scan_session.run(None, step)
-        assert np.array_equal(o1[:, :, 0], o[:, :, t]) and np.array_equal(u1[:, :, 0], u[:, :, t]), f"row {t}"
+        step.update(
+            {n: feeds[n][:, :, t : t + 1] for n in ("q", "k", "v", "a", "b")}, valid=feeds["valid"][:, t : t + 1]
+        )
+        o1, u1, state, g1 = scan_session.run(None, step)
+        same = [np.array_equal(x1[:, :, 0], x[:, :, t]) for x1, x in ((o1, o), (u1, u), (g1, g))]
+        assert all(same), f"row {t}"
         # the next call folds this row; a verify's next call folds the first t+1 rows of the verify instead
         step.update(state=state, pk=k[:, :, t : t + 1], pu=u1, pg=g[:, :, t : t + 1], take=np.ones((1, 1), bool))
         if t == 0:

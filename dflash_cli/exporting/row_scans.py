@@ -14,7 +14,7 @@ import itertools
 from dflash_cli.modeling.delta_scan import DOMAIN
 
 _ROW_AXIS = 2  # q, k, v, u [B, Hv, T, d] and g, beta [B, Hv, T]
-_TAKE_AXIS = 1  # take [B, R], positions [B, T]
+_TAKE_AXIS = 1  # take [B, R], valid and positions [B, T]
 
 
 def _update(n, s_in: str, p: str) -> tuple[list, list]:
@@ -41,10 +41,22 @@ def _axes(p: str) -> list:
 
 
 def rows_body(p: str):
-    """(state, q, k, v, g, beta) -> (state, o, u) for one row."""
+    """(state, rate, q, k, v, a, b, valid) -> (state, rate, o, u, g) for one row: the gates' activations too
+    (modeling/delta_scan.row_gates), on the row's own [B, Hv]; `rate` rides along as loop state, unchanged."""
     from onnx import TensorProto, helper
 
     n = helper.make_node
+    gates = [
+        n("Constant", [], [p + "zero"], value_float=0.0),
+        n("Constant", [], [p + "ax1"], value_ints=[1]),
+        n("Unsqueeze", [p + "valid", p + "ax1"], [p + "valid2"]),
+        n("Softplus", [p + "a"], [p + "soft"]),
+        n("Mul", [p + "rate", p + "soft"], [p + "g0"]),
+        n("Where", [p + "valid2", p + "g0", p + "zero"], [p + "g"]),
+        n("Sigmoid", [p + "b"], [p + "beta0"]),
+        n("Where", [p + "valid2", p + "beta0", p + "zero"], [p + "beta"]),
+        n("Identity", [p + "rate"], [p + "rate_out"]),
+    ]
     decay, write = _update(n, p + "s_in", p)
     mem = [
         n("Unsqueeze", [p + "k", p + "ax2"], [p + "krow"]),
@@ -59,9 +71,11 @@ def rows_body(p: str):
         n("MatMul", [p + "qrow", p + "s"], [p + "o4"]),
         n("Squeeze", [p + "o4", p + "ax2"], [p + "o"]),
     ]
-    ins = [helper.make_tensor_value_info(p + x, TensorProto.FLOAT, None) for x in ("s_in", "q", "k", "v", "g", "beta")]
-    outs = [helper.make_tensor_value_info(p + x, TensorProto.FLOAT, None) for x in ("s", "o", "u")]
-    return helper.make_graph([*_axes(p), *decay, *mem, *write, *read], p + "rows", ins, outs)
+    f = TensorProto.FLOAT
+    ins = [helper.make_tensor_value_info(p + x, f, None) for x in ("s_in", "rate", "q", "k", "v", "a", "b")]
+    ins.append(helper.make_tensor_value_info(p + "valid", TensorProto.BOOL, None))
+    outs = [helper.make_tensor_value_info(p + x, f, None) for x in ("s", "rate_out", "o", "u", "g")]
+    return helper.make_graph([*_axes(p), *gates, *decay, *mem, *write, *read], p + "rows", ins, outs)
 
 
 def fold_body(p: str):
@@ -133,8 +147,9 @@ def expand_scans(model) -> int:
             continue
         p = f"delta_scan{next(count)}/"
         inputs = list(node.inputs)
-        if node.op_type == "DeltaRows":
-            body, axes, outs, n_out = ir.from_proto(rows_body(p)), [_ROW_AXIS] * 5, [_ROW_AXIS] * 2, 3
+        if node.op_type == "DeltaRows":  # (state, rate) carried; q, k, v, a, b and valid scanned
+            body, axes, outs, n_out = ir.from_proto(rows_body(p)), [_ROW_AXIS] * 5 + [_TAKE_AXIS], [_ROW_AXIS] * 3, 5
+            inputs = [inputs[0], inputs[6], *inputs[1:6], inputs[7]]
         elif node.op_type == "DeltaFold":
             body, axes, outs, n_out = ir.from_proto(fold_body(p)), [_ROW_AXIS] * 3 + [_TAKE_AXIS], [], 1
         elif node.op_type == "RowAttention":  # q [b, h, s, d] and positions [b, s] scanned; K, V read whole
@@ -156,7 +171,7 @@ def expand_scans(model) -> int:
             name=p + "scan",
         )
         graph.insert_before(node, scan)
-        new = scan.outputs[1:] if node.op_type == "DeltaRows" else scan.outputs  # not the rows' final state
+        new = scan.outputs[2:] if node.op_type == "DeltaRows" else scan.outputs  # not the rows' final state
         for old, value in zip(node.outputs, new):
             name, old.name = old.name, None
             value.name, value.shape, value.type = name, old.shape, old.type

@@ -96,10 +96,11 @@ class RollbackDeltaLayer(GatedDeltaLayer):
         rows = torch.where(f, 0.0, rows)
         conv, state = self._fold(conv, state, *self._unpack(rows), commit)
 
-        q, k, v, g, beta, z, window = self._inputs(x, conv, valid)
+        q, k, v, a, b, z, window = self._inputs(x, conv)
         if self.row_by_row:
-            core, u = delta_rows(state, q, k, v, g, beta)
+            core, u, g = delta_rows(state, q, k, v, a, b, self.decay_rate(), valid)
         else:
+            g, beta = self._gates(a, b, valid)
             cum, decay, w, y = _intra_block(k, v, g, beta, self.squarings)
             u = y - w @ state
             core = (q * cum.exp()[..., None]) @ state + ((q @ k.transpose(-1, -2)) * decay) @ u

@@ -23,25 +23,43 @@ import torch
 DOMAIN = "dflash.delta"
 
 
+def row_gates(a: torch.Tensor, b: torch.Tensor, rate: torch.Tensor, valid: torch.Tensor):
+    """One row's (g, beta) [B, Hv] from its gate inputs a, b [B, Hv]; a padding row (valid [B] False) gets 0, 0.
+    Per row, as softplus and sigmoid round an entry differently where a vectorised kernel reaches it in its
+    scalar tail, which depends on how many rows share the tensor (tiny pairs with 6 value heads)."""
+    g, beta = rate * torch.nn.functional.softplus(a), torch.sigmoid(b)
+    return torch.where(valid[:, None], g, 0.0), torch.where(valid[:, None], beta, 0.0)
+
+
 @torch.library.custom_op("dflash::delta_rows", mutates_args=())
 def delta_rows(
-    state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """state [B, Hv, dk, dv]; q, k [B, Hv, T, dk]; v [B, Hv, T, dv]; g, beta [B, Hv, T] ->
-    (o [B, Hv, T, dv], u [B, Hv, T, dv]): each row's output and delta-rule correction."""
-    outs, us = [], []
+    state: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    rate: torch.Tensor,
+    valid: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """state [B, Hv, dk, dv]; q, k [B, Hv, T, dk]; v [B, Hv, T, dv]; a, b [B, Hv, T] (the gates' inputs); rate
+    [Hv] (-exp(A_log)); valid [B, T] -> (o [B, Hv, T, dv], u [B, Hv, T, dv], g [B, Hv, T]): each row's output,
+    delta-rule correction and log-gate."""
+    outs, us, gs = [], [], []
     for t in range(q.shape[2]):
-        decayed = state * g[:, :, t].exp()[..., None, None]
-        u = (v[:, :, t] - (k[:, :, t, None, :] @ decayed)[:, :, 0]) * beta[:, :, t, None]
+        g, beta = row_gates(a[:, :, t], b[:, :, t], rate, valid[:, t])
+        decayed = state * g.exp()[..., None, None]
+        u = (v[:, :, t] - (k[:, :, t, None, :] @ decayed)[:, :, 0]) * beta[..., None]
         state = decayed + k[:, :, t, :, None] * u[:, :, None, :]
         outs.append((q[:, :, t, None, :] @ state)[:, :, 0])
         us.append(u)
-    return torch.stack(outs, 2), torch.stack(us, 2)
+        gs.append(g)
+    return torch.stack(outs, 2), torch.stack(us, 2), torch.stack(gs, 2)
 
 
 @delta_rows.register_fake
-def _(state, q, k, v, g, beta):
-    return torch.empty_like(v), torch.empty_like(v)
+def _(state, q, k, v, a, b, rate, valid):
+    return torch.empty_like(v), torch.empty_like(v), torch.empty_like(a)
 
 
 @torch.library.custom_op("dflash::delta_fold", mutates_args=())
@@ -68,7 +86,7 @@ def _register_schemas() -> None:
 
     param = OpSchema.FormalParameter
     ops = {
-        "DeltaRows": (["state", "q", "k", "v", "g", "beta"], ["o", "u"]),
+        "DeltaRows": (["state", "q", "k", "v", "a", "b", "rate", "valid"], ["o", "u", "g"]),
         "DeltaFold": (["state", "k", "u", "g", "take"], ["state_out"]),
     }
     for name, (ins, outs) in ops.items():
@@ -82,7 +100,7 @@ def _register_schemas() -> None:
             name,
             DOMAIN,
             1,
-            inputs=[param(n, "B" if n == "take" else "T") for n in ins],
+            inputs=[param(n, "B" if n in ("take", "valid") else "T") for n in ins],
             outputs=[param(n, "T") for n in outs],
             type_constraints=types,
         )
@@ -95,8 +113,8 @@ def onnx_translations() -> dict:
     _register_schemas()
     delta = onnxscript.values.Opset(DOMAIN, 1)
 
-    def rows(state, q, k, v, g, beta):
-        return delta.DeltaRows(state, q, k, v, g, beta)
+    def rows(state, q, k, v, a, b, rate, valid):
+        return delta.DeltaRows(state, q, k, v, a, b, rate, valid)
 
     def fold(state, k, u, g, take):
         return delta.DeltaFold(state, k, u, g, take)

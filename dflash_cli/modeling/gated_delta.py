@@ -118,10 +118,9 @@ class GatedDeltaLayer(nn.Module):
         conv = torch.zeros(batch, self.conv_dim, self.kernel - 1, dtype=dtype, device=device)
         return conv, torch.zeros(batch, self.v_heads, self.dk, self.dv, dtype=torch.float32, device=device)
 
-    def _inputs(self, x: torch.Tensor, conv_state: torch.Tensor, valid: torch.Tensor | None = None):
-        """Projections and causal conv: (q, k, v [B, Hv, T, d] fp32, g, beta [B, Hv, T], z, window).
-
-        `valid` [B, T] (bool): rows that are padding get g = 0 and beta = 0, so they leave the state as it was."""
+    def _inputs(self, x: torch.Tensor, conv_state: torch.Tensor):
+        """Projections and causal conv: (q, k, v [B, Hv, T, d] fp32, a, b [B, Hv, T], z, window), with a and b
+        the gates before their activations (`_gates`)."""
         bsz, t, _ = x.shape
         qkv = self.in_proj_qkv(x).transpose(1, 2)
         # (No cast when the dtypes agree: the exporter loses a graph output that reaches it through a no-op cast.)
@@ -138,12 +137,22 @@ class GatedDeltaLayer(nn.Module):
             for y in (q, k)
         )
         v = v.reshape(bsz, t, self.v_heads, self.dv)
-        beta = torch.sigmoid(self.in_proj_b(x).float())
-        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())
+        a = self.in_proj_a(x).float() + self.dt_bias.float()
+        b = self.in_proj_b(x).float()
+        q, k, v, a, b = (y.transpose(1, 2) for y in (q, k, v, a, b))
+        return q, k, v, a, b, self.in_proj_z(x), window
+
+    def decay_rate(self) -> torch.Tensor:
+        """-exp(A_log) [Hv]: g = decay_rate * softplus(a)."""
+        return -self.A_log.float().exp()
+
+    def _gates(self, a: torch.Tensor, b: torch.Tensor, valid: torch.Tensor | None = None):
+        """(g, beta) [B, Hv, T] from `_inputs`' a, b. `valid` [B, T] (bool): rows that are padding get g = 0 and
+        beta = 0, so they leave the state as it was."""
+        g, beta = self.decay_rate()[:, None] * F.softplus(a), torch.sigmoid(b)
         if valid is not None:
-            beta, g = (torch.where(valid[..., None], y, 0.0) for y in (beta, g))
-        q, k, v, g, beta = (y.transpose(1, 2) for y in (q, k, v, g, beta))
-        return q, k, v, g, beta, self.in_proj_z(x), window
+            g, beta = (torch.where(valid[:, None, :], y, 0.0) for y in (g, beta))
+        return g, beta
 
     def _depthwise(self, window: torch.Tensor) -> torch.Tensor:
         """The causal depthwise conv over window [B, conv_dim, K-1+T] as K shifted products: no Conv op
@@ -168,7 +177,8 @@ class GatedDeltaLayer(nn.Module):
         The states are those after each position of the call; index n-1 resumes after the first n tokens.
         Exported with a symbolic T, one graph serves every T <= 64 (see _MAX_SQUARINGS)."""
         t = x.shape[1]
-        q, k, v, g, beta, z, window = self._inputs(x, conv_state)
+        q, k, v, a, b, z, window = self._inputs(x, conv_state)
+        g, beta = self._gates(a, b)
         cum, decay, w, y = _intra_block(k, v, g, beta)
         s0 = rec_state.float()
         u = y - w @ s0
@@ -186,7 +196,8 @@ class GatedDeltaLayer(nn.Module):
         chunks by a loop fixed at trace time. Padding tokens have g = 0 and beta = 0, so they leave S unchanged."""
         bsz, t, _ = x.shape
         c = self.chunk_size
-        q, k, v, g, beta, z, window = self._inputs(x, conv_state)
+        q, k, v, a, b, z, window = self._inputs(x, conv_state)
+        g, beta = self._gates(a, b)
         pad = (-t) % c
         q, k, v = (F.pad(y, (0, 0, 0, pad)) for y in (q, k, v))
         g, beta = (F.pad(y, (0, pad)) for y in (g, beta))
