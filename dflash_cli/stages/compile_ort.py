@@ -60,6 +60,13 @@ def _quantise_graphs(ctx: StageContext, src: Path, out: Path, info: dict, facts:
     bits = 4 if precision == "int4" else 8  # w8a8: its tables and experts are int8 blocks
     facts["block_size"] = ort_cfg.block_size
     level = facts["accuracy_level"] = ort_cfg.accuracy_level
+    hybrid = any(n.startswith("past_delta") for n in info["graphs"]["target"]["inputs"])
+    if hybrid and not ort_cfg.prefix_cache and (level or precision == "w8a8"):
+        ctx.progress(
+            "warning: without compile.ort.prefix_cache a hybrid target runs its static graphs, whose delta rule is "
+            "in block form (it rounds differently by call length); on int8 activations greedy DFlash may leave "
+            "greedy plain decoding: keep prefix_cache (the default) or set accuracy_level 0"
+        )
     form = (
         "w8a8 (int8 weights, each activation row quantised on its own)"
         if precision == "w8a8"

@@ -38,7 +38,8 @@ FULL_VALIDATION_BYTES = 1 << 30  # float32 bytes of both graphs up to which the 
 # 14 = a mixture-of-experts router is a MatMul on the 3-D hidden states (was a Gemm on them flattened), and
 #      draft_confidence divides by sqrt(V) twice (V itself overflowed fp16: `dflash check` failed real vocabularies).
 # 15 = a DFlash draft's prefix graph takes `proposal_rows`: only that many proposals go through its head.
-GRAPH_REVISION = 15
+# 16 = a hybrid target's prefix graph runs its delta rule, fold and attention row by row (ONNX Scan).
+GRAPH_REVISION = 16
 
 
 class ExportStage:
