@@ -326,11 +326,8 @@ def weight_initializers(
             out[name] = Initializer(name, identity, _reader(store, key, dtype, cut, tuple(param.shape)), where)
             continue
         ref = store.refs.get(key)
-        if ref is None:
-            raise CheckpointError(
-                f"the checkpoint in {store.root} has no tensor {key}",
-                hint="a truncated or partial checkpoint: download it again (every shard)",
-            )
+        if ref is None:  # a truncated or partial checkpoint
+            raise CheckpointError(f"the checkpoint in {store.root} has no tensor {key}", hint="download it again")
         st = os.stat(store.root / ref.file)
         identity = (st.st_dev, st.st_ino, ref.key, str(dtype), cut)
         where = weight_sources.origin(store.root / ref.file, ref.key, str(dtype).removeprefix("torch."), cut)
