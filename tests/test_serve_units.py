@@ -69,7 +69,7 @@ def test_parse_defaults_come_from_the_recipe_run_section():
         ({"prompt": "x", "suffix": "y"}, "suffix"),
         ({"prompt": "x", "presence_penalty": 0.5}, "presence_penalty"),
         ({"prompt": "x", "logit_bias": {"5": 10}}, "logit_bias"),
-        ({"prompt": "x", "repetition_penalty": 1.1}, "repetition_penalty"),
+        ({"prompt": "x", "repetition_penalty": 0}, "repetition_penalty"),
         ({"prompt": "x", "prompt_logprobs": 1}, "prompt_logprobs"),
         ({"prompt": 3}, "prompt"),
         ({"prompt": "x", "stream": "yes"}, "stream"),
@@ -85,6 +85,16 @@ def test_parse_refuses_bad_fields_naming_them(body, param):
 def test_neutral_values_of_fields_dflash_does_not_apply_pass():
     body = {"prompt": "x", "presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {}, "repetition_penalty": 1}
     assert parse_request(body, "completion", "m", RunConfig()).prompt == "x"
+
+
+def test_repetition_penalty_is_read_with_the_recipes_default():
+    assert (
+        parse_request({"prompt": "x", "repetition_penalty": 1.2}, "completion", "m", RunConfig()).repetition_penalty
+        == 1.2
+    )
+    assert (
+        parse_request({"prompt": "x"}, "completion", "m", RunConfig(repetition_penalty=1.3)).repetition_penalty == 1.3
+    )
 
 
 def test_parse_chat_messages_and_thinking_switch():

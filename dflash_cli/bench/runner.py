@@ -266,7 +266,8 @@ def _output_settings(engine: Any) -> dict[str, Any]:
     run = getattr(getattr(engine, "recipe", None), "run", None)
     if run is None:
         return {}
-    return {"chat_template": run.chat_template, "enable_thinking": run.enable_thinking, "stop": list(run.stop)}
+    out = {"chat_template": run.chat_template, "enable_thinking": run.enable_thinking, "stop": list(run.stop)}
+    return out | ({"repetition_penalty": run.repetition_penalty} if run.repetition_penalty != 1.0 else {})
 
 
 def _comparable_engine_facts(info: dict[str, Any]) -> dict[str, Any]:
@@ -320,6 +321,9 @@ def _generate(
     extra = {"images": images} if images is not None else {}  # engines without images take none
     if constraint is not None:
         extra["constraint"] = constraint
+    penalty = _output_settings(engine).get("repetition_penalty")
+    if penalty is not None:  # the recipe's, as `dflash run` applies it
+        extra["repetition_penalty"] = penalty
     try:
         return engine.generate(
             prompt_ids,

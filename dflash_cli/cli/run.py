@@ -65,6 +65,12 @@ def run_command(
         float | None, typer.Option("--top-p", min=0.0, max=1.0, help="Default: run.top_p (1 = off).")
     ] = None,
     seed: Annotated[int | None, typer.Option("--seed", help="Sampling seed. Default: run.seed.")] = None,
+    repetition_penalty: Annotated[
+        float | None,
+        typer.Option(
+            "--repetition-penalty", min=0.0, min_open=True, help="Seen tokens' logits / this. Default: run.*."
+        ),
+    ] = None,
     mode: Annotated[
         str | None,
         typer.Option(
@@ -145,6 +151,7 @@ def run_command(
         top_k=run.top_k if top_k is None else top_k,
         top_p=run.top_p if top_p is None else top_p,
         seed=run.seed if seed is None else seed,
+        repetition_penalty=run.repetition_penalty if repetition_penalty is None else repetition_penalty,
         on_commit=on_commit,
         images=images,
         constraint=constraint,

@@ -20,6 +20,7 @@ from dflash_cli.decoding.logprobs import MAX_TOP
 from dflash_cli.decoding.loops import LoopConfig, generate_plain, generate_speculative
 from dflash_cli.decoding.make_proposer import make_proposer
 from dflash_cli.decoding.modes import MODES, canonical
+from dflash_cli.decoding.penalty import RepetitionPenalty
 from dflash_cli.decoding.result import GenerationResult
 from dflash_cli.decoding.sampling import SamplingConfig
 from dflash_cli.decoding.sessions import open_session as _open  # tests open sessions through `_open`
@@ -288,6 +289,17 @@ class Engine:
                 self._lltokenizer = llguidance_tokenizer(self.tokenizer, self.vocab_size, self.eos_token_ids)
         return compile_constraint(spec, self._lltokenizer)
 
+    def repetition_penalty(self, penalty: float, prompt_ids: list[int], grammar: Constraint | None):
+        """A fresh penalty state for one generation (decoding/penalty.py), picking under `grammar` where given."""
+        if not penalty > 0:
+            raise GenerationError(f"repetition_penalty {penalty!r} is not positive", hint="1 = off; 1.1-1.5 is usual")
+        if not self.emits_logits:
+            raise GenerationError(
+                "a repetition penalty changes the logits, but this build emits token ids only",
+                hint="rebuild with `--set export.logits=true`",
+            )
+        return RepetitionPenalty(penalty, prompt_ids, self.vocab_size, grammar)
+
     def generate(
         self,
         prompt_ids: list[int],
@@ -305,18 +317,22 @@ class Engine:
         prompt_logprobs: bool = False,
         constraint: ConstraintSpec | None = None,
         logprobs_out: list | None = None,
+        repetition_penalty: float = 1.0,
     ) -> GenerationResult:
         """`images`: a vision-language prompt's image inputs (ImageReader.prompt / encode) for `prompt_ids`.
         `logprobs`: each new token's logprob and that many likeliest alternatives (None: none); `prompt_logprobs`:
         each prompt token's too (decoding/logprobs.py), appended to `logprobs_out` (where given) as tokens are
         committed, before `on_commit` sees them; `constraint`: a grammar the answer follows
-        (decoding/constraint.py)."""
+        (decoding/constraint.py); `repetition_penalty`: above 1, tokens already seen are less likely
+        (decoding/penalty.py; 1: off)."""
         mode = canonical(mode)  # an old name ("pld") runs its mode, reported by the mode's one name
         if mode not in MODES:
             raise GenerationError(f"unknown mode {mode!r}", hint=f"one of {', '.join(MODES)}")
         self.check_request(prompt_ids, max_new_tokens, temperature, top_k, top_p)
         self.check_logprobs(logprobs, prompt_logprobs)
         grammar = None if constraint is None else self.compile_constraint(constraint)
+        if repetition_penalty != 1.0:
+            grammar = self.repetition_penalty(repetition_penalty, prompt_ids, grammar)
         sessions = [s for s in (self.target, self._plain_target) if s is not None]
         if images is not None:
             if self.images is None or not all(getattr(s, "vision", None) for s in sessions):

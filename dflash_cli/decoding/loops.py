@@ -19,6 +19,7 @@ import numpy as np
 from dflash_cli.backends.base import proposal_rows
 from dflash_cli.decoding.constraint import Constraint
 from dflash_cli.decoding.logprobs import TokenLogprob, entry, prompt_entries
+from dflash_cli.decoding.penalty import RepetitionPenalty
 from dflash_cli.decoding.proposer import Proposer
 from dflash_cli.decoding.result import GenerationResult
 from dflash_cli.decoding.sampling import Sampler, SamplingConfig
@@ -40,7 +41,9 @@ class LoopConfig:
     # The list the entries are appended to as tokens are committed (before on_commit sees them), where a caller
     # streams them; None: a list of the loop's own. Either way the result carries it.
     logprobs_out: list | None = None
-    constraint: Constraint | None = None  # a grammar the output follows (decoding/constraint.py): needs logits
+    # Picks each token from its logits row, position by position: a grammar the output follows
+    # (decoding/constraint.py), a repetition penalty (decoding/penalty.py, over a grammar where both are asked)
+    constraint: Constraint | RepetitionPenalty | None = None
 
 
 def _pick(sampler: Sampler, cfg: LoopConfig, row: np.ndarray | None, greedy_token: int) -> int:

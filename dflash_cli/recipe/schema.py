@@ -143,6 +143,9 @@ class RunConfig(_Section):
     top_k: int = Field(default=0, ge=0)  # 0 = no top-k filter
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     seed: int = Field(default=0, ge=0)
+    # Above 1: a token already in the prompt or answer has its logit divided by this (Hugging Face's
+    # repetition_penalty; decoding/penalty.py). Needs export.logits; speculation stays equal to plain under it.
+    repetition_penalty: float = Field(default=1.0, gt=0.0)
     chat_template: bool = False
     enable_thinking: bool = False
     reasoning_effort: Literal["low", "medium", "high"] | None = None  # gpt-oss's chat template; None: its default

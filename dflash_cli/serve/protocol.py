@@ -60,6 +60,7 @@ class GenRequest:
     top_p: float
     seed: int
     stop: list[str]
+    repetition_penalty: float = 1.0  # vLLM's extension (decoding/penalty.py): needs a build with logits
     stream: bool = False
     include_usage: bool = False
     enable_thinking: bool | None = None  # chat only; None = the recipe's run.enable_thinking
@@ -121,6 +122,9 @@ def parse_request(body: Any, kind: str, model_name: str, defaults: Any) -> GenRe
         top_k=0 if top_k == -1 else top_k,
         top_p=_number(body, "top_p", float, defaults.top_p, low=0.0, high=1.0, open_low=True),
         seed=_number(body, "seed", int, defaults.seed, low=0),
+        repetition_penalty=_number(
+            body, "repetition_penalty", float, defaults.repetition_penalty, low=0.0, open_low=True
+        ),
         stop=_stop(body.get("stop"), list(defaults.stop)),
         stream=_bool(body, "stream"),
         include_usage=bool(stream_options.get("include_usage")),
@@ -139,7 +143,6 @@ def parse_request(body: Any, kind: str, model_name: str, defaults: Any) -> GenRe
 _NEUTRAL: dict[str, tuple] = {
     "presence_penalty": (0, 0.0),
     "frequency_penalty": (0, 0.0),
-    "repetition_penalty": (1, 1.0),
     "logit_bias": ({},),
     "min_p": (0, 0.0),
     "min_tokens": (0,),

@@ -197,6 +197,7 @@ class Scheduler:
                 top_k=req.top_k,
                 top_p=req.top_p,
                 seed=req.seed,
+                repetition_penalty=req.repetition_penalty,
                 on_commit=on_commit,
                 images=req.images,
                 ignore_eos=req.ignore_eos,
