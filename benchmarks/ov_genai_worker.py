@@ -8,6 +8,7 @@ interleaved with the other engines'. A request:
     {"ids": [...], "new": 128}                        # plain greedy decode, stopping at end of text
     {"ids": [...], "new": 128, "ignore_eos": true}     # exactly `new` tokens (random weights)
     {"ids": [...], "new": 128, "assistant_tokens": 4}  # with the --draft model, its speculative decoding
+                                                       # (a DFlash draft: block size - 1, --no-prefix-caching)
 
 Reply: {"tokens": [...], "ttft_s": ..., "decode_s": ...}, decode time excluding the prompt and the first
 token as openvino-genai's own performance metrics measure them; with a draft, also its target calls and
@@ -30,10 +31,15 @@ def main() -> None:
     ap.add_argument("model")
     ap.add_argument("--draft", help="an OpenVINO IR draft model for openvino-genai's speculative decoding")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--no-prefix-caching", action="store_true", help="what its DFlash pipeline asks for")
     args = ap.parse_args()
     props = {"INFERENCE_NUM_THREADS": args.threads}
     if args.draft:
         props["draft_model"] = ov_genai.draft_model(args.draft, "CPU", INFERENCE_NUM_THREADS=args.threads)
+    if args.no_prefix_caching:
+        scheduler = ov_genai.SchedulerConfig()
+        scheduler.enable_prefix_caching = False
+        props["scheduler_config"] = scheduler
     pipe = ov_genai.LLMPipeline(args.model, "CPU", **props)
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:

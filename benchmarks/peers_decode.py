@@ -155,9 +155,10 @@ def ov_genai_model(python: str, checkpoint: Path, out: Path, precision: str, gro
 class OvGenAIWorker:
     """An openvino-genai pipeline in its own venv's process (see ov_genai_worker.py)."""
 
-    def __init__(self, python: str, model: Path, threads: int = 2, draft: Path | None = None):
+    def __init__(self, python: str, model: Path, threads: int = 2, draft: Path | None = None, extra: tuple = ()):
         worker = str(Path(__file__).with_name("ov_genai_worker.py"))
         cmd = [python, worker, str(model), "--threads", str(threads)] + (["--draft", str(draft)] if draft else [])
+        cmd += list(extra)
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         if not json.loads(self.proc.stdout.readline()).get("ready"):
             raise SystemExit(f"openvino-genai could not load {model}")

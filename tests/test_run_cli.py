@@ -159,3 +159,10 @@ def test_run_constraint_errors_are_one_line_with_a_hint(qwen3_engine, qwen3_logi
         assert res.exit_code == 1 and words in res.stderr and "Traceback" not in res.output, res.output
     both = invoke(qwen3_logits_engine, "-p", "x", "--regex", "a", "--json-schema", str(tmp_path / "bad.json"))
     assert both.exit_code == 2 and "not both" in both.output
+
+
+def test_repetition_penalty_needs_logits_and_a_positive_value(qwen3_engine):
+    res = invoke(qwen3_engine, "--prompt", "x", "--max-new-tokens", "4", "--repetition-penalty", "1.3")
+    assert res.exit_code != 0 and "export.logits=true" in res.output
+    res = invoke(qwen3_engine, "--prompt", "x", "--max-new-tokens", "4", "--repetition-penalty", "0")
+    assert res.exit_code != 0 and "not positive" in res.output

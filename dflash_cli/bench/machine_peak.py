@@ -4,6 +4,8 @@ is set beside in `dflash bench`'s decomposition.
 A verify row is compute, not bandwidth: its weights are already being read for the other rows, so what it
 costs is the multiply-adds. Counted per core and cycle, a multiply-add as two operations:
 
+* AMX (Sapphire Rapids on): `tdpbusd` on a 16x64 by 64x16 tile pair, 1024 u8 x s8 multiply-adds a cycle
+  (ONNX Runtime's `MatMulInteger` reaches it; `MatMulNBits` computes with VNNI);
 * AVX-512 VNNI: `vpdpbusd` on 64 u8 x s8 pairs, two a cycle; AVX-VNNI the same on 32;
 * AVX2 and AVX-512 without VNNI: `vpmaddubsw` then `vpmaddwd` per 32 (64) pairs, on two multiply pipes;
 * fp32: two FMA pipes of 8 (16) lanes.
@@ -19,6 +21,7 @@ from pathlib import Path
 
 # flag -> (int8 ops, fp32 flops) per core and cycle; the first flag the processor has wins
 OPS_PER_CYCLE = (
+    ("amx_int8", 2048, 64),
     ("avx512_vnni", 256, 64),
     ("avx_vnni", 128, 32),
     ("avx512bw", 128, 64),

@@ -67,9 +67,7 @@ def run_command(
     seed: Annotated[int | None, typer.Option("--seed", help="Sampling seed. Default: run.seed.")] = None,
     repetition_penalty: Annotated[
         float | None,
-        typer.Option(
-            "--repetition-penalty", min=0.0, min_open=True, help="Seen tokens' logits / this. Default: run.*."
-        ),
+        typer.Option("--repetition-penalty", min=0.0, help="Seen tokens' logits / this (1 = off). Default: run.*."),
     ] = None,
     mode: Annotated[
         str | None,
