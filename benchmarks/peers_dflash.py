@@ -58,7 +58,9 @@ def ov_runners(python: str, work: Path, target: Path, draft: Path, block: int, p
     if not (ov_draft / "openvino_model.xml").is_file():
         export = [python, str(Path(__file__).with_name("ov_dflash_export.py")), str(draft), str(ov_draft)]
         subprocess.run(export + ([precision] if precision != "fp32" else []), check=True)
-    workers = {"plain": OvGenAIWorker(python, ov_target)}
+    # Prefix caching off in both (its DFlash pipeline asks for it off): a prompt sharing a cached prefix with an
+    # earlier one would otherwise reuse K/V computed in other chunks, and plain's numbers would depend on the order.
+    workers = {"plain": OvGenAIWorker(python, ov_target, extra=("--no-prefix-caching",))}
     workers["dflash"] = OvGenAIWorker(python, ov_target, draft=ov_draft, extra=("--no-prefix-caching",))
 
     def runner(mode: str):
