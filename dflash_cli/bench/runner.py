@@ -267,7 +267,8 @@ def _output_settings(engine: Any) -> dict[str, Any]:
     if run is None:
         return {}
     out = {"chat_template": run.chat_template, "enable_thinking": run.enable_thinking, "stop": list(run.stop)}
-    return out | ({"repetition_penalty": run.repetition_penalty} if run.repetition_penalty != 1.0 else {})
+    penalty = getattr(run, "repetition_penalty", 1.0)  # a run section without the field: off
+    return out | ({"repetition_penalty": penalty} if penalty != 1.0 else {})
 
 
 def _comparable_engine_facts(info: dict[str, Any]) -> dict[str, Any]:
